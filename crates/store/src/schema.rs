@@ -1,0 +1,201 @@
+//! The controller schema (reference §3) as forward-only migrations, applied in order and recorded
+//! by name in `schema_migrations`.
+
+/// `(name, sql)` in application order. Never edit a released entry: add a new one.
+pub const MIGRATIONS: &[(&str, &str)] = &[(
+    "0001_baseline",
+    r#"
+CREATE TABLE jobs (
+    job_id TEXT PRIMARY KEY,
+    user_id TEXT NOT NULL,
+    submitting_user TEXT NOT NULL DEFAULT '',
+    parent_job_id TEXT REFERENCES jobs(job_id) ON DELETE CASCADE,
+    root_job_id TEXT NOT NULL,
+    depth INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    submitted_at_ms INTEGER NOT NULL,
+    root_submitted_at_ms INTEGER NOT NULL,
+    started_at_ms INTEGER,
+    finished_at_ms INTEGER,
+    scheduling_deadline_epoch_ms INTEGER,
+    error TEXT,
+    exit_code INTEGER,
+    num_tasks INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    backend_id TEXT,
+    cluster TEXT NOT NULL DEFAULT 'local'
+);
+CREATE INDEX idx_jobs_state ON jobs(state);
+CREATE INDEX idx_jobs_parent ON jobs(parent_job_id);
+CREATE INDEX idx_jobs_submitted ON jobs(submitted_at_ms);
+CREATE TABLE job_config (
+    job_id TEXT PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
+    res_cpu_millicores INTEGER NOT NULL DEFAULT 0,
+    res_memory_bytes INTEGER NOT NULL DEFAULT 0,
+    res_disk_bytes INTEGER NOT NULL DEFAULT 0,
+    res_device_json TEXT,
+    constraints_json TEXT,
+    has_coscheduling INTEGER NOT NULL DEFAULT 0,
+    coscheduling_group_by TEXT,
+    scheduling_timeout_ms INTEGER,
+    max_task_failures INTEGER NOT NULL DEFAULT 0,
+    entrypoint_json TEXT,
+    environment_json TEXT,
+    bundle_id TEXT,
+    ports_json TEXT,
+    max_retries_failure INTEGER NOT NULL DEFAULT 0,
+    max_retries_preemption INTEGER NOT NULL DEFAULT 100,
+    timeout_ms INTEGER,
+    preemption_policy INTEGER NOT NULL DEFAULT 0,
+    existing_job_policy INTEGER NOT NULL DEFAULT 0,
+    priority_band INTEGER NOT NULL,
+    task_image TEXT,
+    submit_argv_json TEXT,
+    fail_if_exists INTEGER NOT NULL DEFAULT 0,
+    container_profile INTEGER NOT NULL DEFAULT 0,
+    egress_policy INTEGER NOT NULL DEFAULT 0,
+    request_blob BLOB NOT NULL
+);
+CREATE TABLE job_workdir_files (
+    job_id TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    filename TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (job_id, filename)
+);
+CREATE TABLE workers (
+    worker_id TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    md_hostname TEXT,
+    md_ip_address TEXT,
+    md_cpu_count INTEGER,
+    md_memory_bytes INTEGER,
+    md_disk_bytes INTEGER,
+    md_device_json TEXT,
+    md_provenance_json TEXT,
+    total_cpu_millicores INTEGER NOT NULL,
+    total_memory_bytes INTEGER NOT NULL,
+    total_gpu_count INTEGER NOT NULL DEFAULT 0,
+    total_tpu_count INTEGER NOT NULL DEFAULT 0,
+    device_type TEXT NOT NULL DEFAULT 'cpu',
+    device_variant TEXT NOT NULL DEFAULT 'cpu',
+    slice_id TEXT,
+    scale_group TEXT,
+    healthy INTEGER NOT NULL DEFAULT 1,
+    registered_at_ms INTEGER NOT NULL,
+    last_heartbeat_ms INTEGER,
+    metadata_blob BLOB
+);
+CREATE TABLE worker_attributes (
+    worker_id TEXT NOT NULL REFERENCES workers(worker_id) ON DELETE CASCADE,
+    key TEXT NOT NULL,
+    value_type TEXT NOT NULL,
+    str_value TEXT,
+    int_value INTEGER,
+    float_value REAL,
+    PRIMARY KEY (worker_id, key)
+);
+CREATE TABLE tasks (
+    task_id TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    task_index INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    error TEXT,
+    exit_code INTEGER,
+    submitted_at_ms INTEGER NOT NULL,
+    started_at_ms INTEGER,
+    finished_at_ms INTEGER,
+    max_retries_failure INTEGER NOT NULL,
+    max_retries_preemption INTEGER NOT NULL,
+    current_attempt_id INTEGER NOT NULL DEFAULT -1,
+    priority_neg_depth INTEGER NOT NULL,
+    priority_root_submitted_ms INTEGER NOT NULL,
+    priority_insertion INTEGER NOT NULL,
+    priority_band INTEGER NOT NULL,
+    container_id TEXT,
+    status_message TEXT,
+    current_worker_id TEXT REFERENCES workers(worker_id) ON DELETE SET NULL,
+    current_worker_address TEXT,
+    backend_id TEXT,
+    cluster TEXT NOT NULL DEFAULT 'local',
+    UNIQUE (job_id, task_index)
+);
+CREATE INDEX idx_tasks_state ON tasks(state);
+CREATE INDEX idx_tasks_worker ON tasks(current_worker_id);
+CREATE TABLE task_attempts (
+    task_id TEXT NOT NULL REFERENCES tasks(task_id) ON DELETE CASCADE,
+    attempt_id INTEGER NOT NULL,
+    worker_id TEXT,
+    state INTEGER NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    started_at_ms INTEGER,
+    finished_at_ms INTEGER,
+    exit_code INTEGER,
+    error TEXT,
+    attempt_uid TEXT NOT NULL UNIQUE,
+    backend_id TEXT,
+    pod_name TEXT,
+    pod_uid TEXT,
+    node_name TEXT,
+    terminal_reason TEXT,
+    PRIMARY KEY (task_id, attempt_id)
+);
+CREATE INDEX idx_attempts_open ON task_attempts(worker_id) WHERE finished_at_ms IS NULL;
+CREATE TABLE task_attempt_outputs (
+    task_id TEXT NOT NULL,
+    attempt_id INTEGER NOT NULL,
+    archive_json TEXT,
+    PRIMARY KEY (task_id, attempt_id)
+);
+CREATE TABLE task_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL,
+    attempt_id INTEGER,
+    attempt_uid TEXT,
+    ts_ms INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    message TEXT NOT NULL,
+    source TEXT NOT NULL
+);
+CREATE INDEX idx_task_events_task ON task_events(task_id, id);
+CREATE TABLE endpoints (
+    endpoint_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    address TEXT NOT NULL,
+    job_id TEXT,
+    task_id TEXT,
+    metadata_json TEXT,
+    registered_at_ms INTEGER NOT NULL,
+    lease_deadline_ms INTEGER,
+    access TEXT,
+    peer_id TEXT
+);
+CREATE TABLE scaling_groups (
+    name TEXT PRIMARY KEY,
+    consecutive_failures INTEGER NOT NULL DEFAULT 0,
+    backoff_until_ms INTEGER,
+    last_scale_up_ms INTEGER,
+    last_scale_down_ms INTEGER,
+    quota_exceeded_until_ms INTEGER,
+    quota_reason TEXT
+);
+CREATE TABLE slices (
+    slice_id TEXT PRIMARY KEY,
+    scale_group TEXT,
+    lifecycle TEXT,
+    worker_ids TEXT,
+    created_at_ms INTEGER,
+    error_message TEXT
+);
+CREATE TABLE user_budgets (
+    user_id TEXT PRIMARY KEY,
+    budget_limit INTEGER NOT NULL DEFAULT 0,
+    max_band INTEGER NOT NULL DEFAULT 2,
+    updated_at_ms INTEGER NOT NULL
+);
+CREATE TABLE meta (
+    key TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+"#,
+)];
