@@ -1,0 +1,145 @@
+//! Cluster YAML (reference §10): the parts a local cluster uses. Unknown keys are refused with
+//! their path; sections that only matter to cloud platforms are accepted as they are.
+
+use anyhow::Context;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // accepted for compatibility; read by later features
+pub struct ClusterConfig {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub platform: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub controller: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub worker_provider: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub kubernetes_provider: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub storage: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub auth: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub defaults: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub task_env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub peers: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub scale_groups: BTreeMap<String, ScaleGroup>,
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct ScaleGroup {
+    #[serde(default)]
+    pub num_vms: Option<u32>,
+    #[serde(default)]
+    pub resources: Resources,
+    #[serde(default)]
+    pub buffer_slices: Option<u32>,
+    #[serde(default)]
+    pub max_slices: Option<u32>,
+    #[serde(default)]
+    pub min_slices: Option<u32>,
+    #[serde(default)]
+    pub priority: Option<i64>,
+    #[serde(default)]
+    pub slice_template: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub worker: Option<WorkerSection>,
+    #[serde(default)]
+    pub attributes: BTreeMap<String, serde_yaml::Value>,
+    #[serde(default)]
+    pub zones: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+pub struct WorkerSection {
+    #[serde(default)]
+    pub attributes: BTreeMap<String, serde_yaml::Value>,
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub env: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default)]
+    pub cpu: Option<f64>,
+    #[serde(default)]
+    pub ram: Option<String>,
+    #[serde(default)]
+    pub disk: Option<String>,
+    #[serde(default)]
+    pub device_type: Option<String>,
+    #[serde(default)]
+    pub device_variant: Option<String>,
+    #[serde(default)]
+    pub device_count: Option<i32>,
+    #[serde(default)]
+    pub capacity_type: Option<String>,
+    #[serde(default)]
+    pub preemptible: Option<bool>,
+}
+
+/// The embedded default: one 16-core CPU group.
+pub const DEFAULT_LOCAL: &str = r#"
+name: local-dev
+platform: {local: {}}
+controller: {local: {port: 0}}
+worker_provider: {}
+scale_groups:
+  cpu:
+    num_vms: 2
+    resources: {cpu: 16, ram: 32GB, disk: 100GB, device_type: cpu, device_variant: cpu, capacity_type: on-demand}
+    buffer_slices: 0
+    max_slices: 4
+    slice_template: {num_vms: 1, local: {}}
+"#;
+
+pub fn parse(text: &str, origin: &str) -> anyhow::Result<ClusterConfig> {
+    let de = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        anyhow::anyhow!("{origin}: invalid config at `{path}`: {}", e.into_inner())
+    })
+}
+
+pub fn load(path: &std::path::Path) -> anyhow::Result<ClusterConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
+    parse(&text, &path.display().to_string())
+}
+
+pub fn attr_string(v: &serde_yaml::Value) -> String {
+    match v {
+        serde_yaml::Value::String(s) => s.clone(),
+        serde_yaml::Value::Bool(b) => b.to_string(),
+        serde_yaml::Value::Number(n) => n.to_string(),
+        other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_parses_and_unknown_keys_are_refused() {
+        let c = parse(DEFAULT_LOCAL, "default").expect("parses");
+        assert_eq!(c.scale_groups["cpu"].resources.cpu, Some(16.0));
+        let bad = "scale_groups:\n  cpu:\n    resources: {cpu: 4, rams: 1GB}\n";
+        let e = parse(bad, "x.yaml").expect_err("unknown key").to_string();
+        assert!(e.contains("scale_groups.cpu.resources"), "{e}");
+        assert!(e.contains("rams"), "{e}");
+    }
+}

@@ -1,0 +1,317 @@
+//! `cluster start --local`, `cluster controller serve`, `worker serve`.
+
+use crate::config;
+use anyhow::Context;
+use clap::Args;
+use iris_controller::{ControllerConfig, GroupCapacity};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args)]
+pub struct StartArgs {
+    /// Run controller and workers on 127.0.0.1 in this process.
+    #[arg(long)]
+    pub local: bool,
+    /// Cluster YAML (scale groups decide the local workers); default: the embedded local config.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Where the DB, bundles and logs live (default: a per-user data directory).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Controller port (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Run a sample job to completion, print its output, then stop.
+    #[arg(long)]
+    pub sample: bool,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub bind: std::net::SocketAddr,
+    /// Seconds without a successful reconcile before a worker is declared failed.
+    #[arg(long, default_value_t = 10.0)]
+    pub worker_grace: f64,
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    pub worker_id: Option<String>,
+    #[arg(long, default_value_t = 4)]
+    pub cpu: i32,
+    #[arg(long, default_value = "16GB")]
+    pub memory: String,
+    #[arg(long, default_value = "100GB")]
+    pub disk: String,
+    /// Advertise accelerators, e.g. `gpu:h100:8` (may be fake: for testing and development).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Worker attribute KEY=VALUE (repeatable).
+    #[arg(long = "attribute", action = clap::ArgAction::Append)]
+    pub attributes: Vec<String>,
+    #[arg(long, default_value = "")]
+    pub scale_group: String,
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 600.0)]
+    pub heartbeat_timeout: f64,
+}
+
+pub fn default_state_dir() -> PathBuf {
+    dirs::data_local_dir().unwrap_or_else(std::env::temp_dir).join("iris").join("local")
+}
+
+/// The controller URL a running local cluster recorded in the default state dir.
+pub fn recorded_url() -> Option<String> {
+    let dir = std::env::var_os("IRIS_STATE_DIR").map(PathBuf::from).unwrap_or_else(default_state_dir);
+    std::fs::read_to_string(dir.join("controller.url")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+fn revision_date() -> Option<String> {
+    std::env::var("IRIS_REVISION_DATE").ok().filter(|s| !s.is_empty()).or_else(|| Some("2026-10-24".into()))
+}
+
+/// One local worker per VM of each scale group.
+struct GroupPlan {
+    name: String,
+    count: u32,
+    cpu: i32,
+    memory: i64,
+    disk: i64,
+    device: Option<(String, String, i32)>,
+    attributes: Vec<(String, String)>,
+    max: u32,
+}
+
+fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<GroupPlan>> {
+    let mut out = Vec::new();
+    for (name, g) in &cfg.scale_groups {
+        let r = &g.resources;
+        let memory = match &r.ram {
+            Some(s) => iris_types::resources::parse_bytes(s).map_err(|e| anyhow::anyhow!("scale_groups.{name}.resources.ram: {e}"))?,
+            None => 16 << 30,
+        };
+        let disk = match &r.disk {
+            Some(s) => iris_types::resources::parse_bytes(s).map_err(|e| anyhow::anyhow!("scale_groups.{name}.resources.disk: {e}"))?,
+            None => 100 << 30,
+        };
+        let dtype = r.device_type.clone().unwrap_or_else(|| "cpu".into());
+        let device = match dtype.as_str() {
+            "cpu" => None,
+            "gpu" | "tpu" => Some((dtype.clone(), r.device_variant.clone().unwrap_or_default(), r.device_count.unwrap_or(1))),
+            other => anyhow::bail!("scale_groups.{name}.resources.device_type: unknown {other:?} (cpu, gpu or tpu)"),
+        };
+        let mut attributes: Vec<(String, String)> = g.attributes.iter().map(|(k, v)| (k.clone(), config::attr_string(v))).collect();
+        if let Some(w) = &g.worker {
+            attributes.extend(w.attributes.iter().map(|(k, v)| (k.clone(), config::attr_string(v))));
+        }
+        let preemptible = r.preemptible.unwrap_or(r.capacity_type.as_deref() == Some("preemptible"));
+        attributes.push(("preemptible".into(), preemptible.to_string()));
+        attributes.push(("scale-group".into(), name.clone()));
+        out.push(GroupPlan {
+            name: name.clone(),
+            count: g.num_vms.unwrap_or(1).max(1),
+            cpu: r.cpu.unwrap_or(16.0).ceil() as i32,
+            memory,
+            disk,
+            device,
+            attributes,
+            max: g.max_slices.unwrap_or(1).max(g.num_vms.unwrap_or(1)),
+        });
+    }
+    Ok(out)
+}
+
+fn capacity(g: &GroupPlan) -> GroupCapacity {
+    use iris_scheduler::{AttrValue, Resources, Worker};
+    let mut attributes = std::collections::BTreeMap::new();
+    for (k, v) in &g.attributes {
+        attributes.insert(k.clone(), AttrValue::Str(v.clone()));
+    }
+    let (dtype, variant, gpu, tpu) = match &g.device {
+        Some((t, v, n)) => (t.clone(), v.to_ascii_lowercase(), if t == "gpu" { *n as i64 } else { 0 }, if t == "tpu" { *n as i64 } else { 0 }),
+        None => ("cpu".into(), "cpu".into(), 0, 0),
+    };
+    attributes.insert("device-type".into(), AttrValue::Str(dtype.clone()));
+    attributes.insert("device-variant".into(), AttrValue::Str(variant.clone()));
+    GroupCapacity {
+        name: g.name.clone(),
+        worker: Worker {
+            id: g.name.clone(),
+            total: Resources { cpu_millicores: g.cpu as i64 * 1000, memory_bytes: g.memory, disk_bytes: g.disk, gpu, tpu },
+            attributes,
+            healthy: true,
+            device_variant: if dtype == "cpu" { String::new() } else { variant },
+        },
+        max_workers: g.max,
+    }
+}
+
+fn short_id() -> String {
+    let mut b = [0u8; 4];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
+    hex::encode(b)
+}
+
+pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
+    if !a.local {
+        anyhow::bail!("only --local clusters can be started from here; for a remote controller run `iris cluster controller serve` on its VM");
+    }
+    let cfg = match &a.config {
+        Some(p) => config::load(p)?,
+        None => config::parse(config::DEFAULT_LOCAL, "embedded default")?,
+    };
+    let groups = plan_groups(&cfg)?;
+    let state_dir = a.state_dir.clone().unwrap_or_else(default_state_dir);
+    let mut ccfg = ControllerConfig::local(state_dir.clone());
+    ccfg.bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.port));
+    ccfg.revision_date = revision_date();
+    ccfg.groups = groups.iter().map(capacity).collect();
+    let ctl = iris_controller::start(ccfg).await?;
+    let url = ctl.url();
+    std::fs::write(state_dir.join("controller.url"), &url).context("recording the controller address")?;
+    println!("Controller started at {url}");
+    println!("State dir: {}", state_dir.display());
+    let mut workers = Vec::new();
+    for g in &groups {
+        for i in 0..g.count {
+            let id = format!("worker-{}-{i}-{}", g.name, short_id());
+            let w = iris_worker::start(iris_worker::WorkerConfig {
+                controller_url: url.clone(),
+                worker_id: id.clone(),
+                bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                cpu_count: g.cpu,
+                memory_bytes: g.memory,
+                disk_bytes: g.disk,
+                device: g.device.clone(),
+                attributes: g.attributes.clone(),
+                scale_group: g.name.clone(),
+                cache_dir: state_dir.join("workers").join(&id),
+                heartbeat_timeout: Duration::from_secs(60),
+            })
+            .await?;
+            workers.push(w);
+        }
+    }
+    println!("Started {} local worker(s)", workers.len());
+    let code = if a.sample {
+        let cl = crate::controller_client(&Some(url.clone()))?;
+        run_sample(&cl).await?
+    } else {
+        println!("Press Ctrl-C to stop.");
+        let _ = tokio::signal::ctrl_c().await;
+        0
+    };
+    for w in workers {
+        w.shutdown().await;
+    }
+    ctl.shutdown().await;
+    let _ = std::fs::remove_file(state_dir.join("controller.url"));
+    Ok(code)
+}
+
+async fn run_sample(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
+    use iris_proto::cluster::controller as c;
+    use iris_proto::job;
+    let name = format!("/{}/sample-{}", std::env::var("USER").unwrap_or_else(|_| "root".into()), short_id());
+    let script = "echo \"hello from $IRIS_TASK_ID on $IRIS_WORKER_ID\"; for i in 1 2 3; do echo \"step $i of 3\"; done; echo done";
+    let req = c::LaunchJobRequest {
+        name,
+        entrypoint: Some(job::RuntimeEntrypoint {
+            run_command: Some(job::CommandEntrypoint { argv: vec!["sh".into(), "-c".into(), script.into()] }),
+            ..Default::default()
+        }),
+        resources: Some(job::ResourceSpecProto { cpu_millicores: 100, memory_bytes: 1 << 30, disk_bytes: 1 << 30, device: None }),
+        replicas: 1,
+        max_retries_preemption: 1000,
+        ..Default::default()
+    };
+    let r: c::LaunchJobResponse = cl.call("iris.cluster.ControllerService", "LaunchJob", &req, Duration::from_secs(60)).await?;
+    println!("Submitted sample job {}", r.job_id);
+    let code = crate::stream_sample(cl, &r.job_id).await?;
+    Ok(code)
+}
+
+pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
+    let mut ccfg = ControllerConfig::local(a.state_dir.clone());
+    ccfg.bind = a.bind;
+    ccfg.revision_date = revision_date();
+    ccfg.worker_grace = Duration::from_secs_f64(a.worker_grace.max(0.1));
+    if let Some(p) = &a.config {
+        let cfg = config::load(p)?;
+        ccfg.groups = plan_groups(&cfg)?.iter().map(capacity).collect();
+    }
+    let ctl = iris_controller::start(ccfg).await?;
+    let url = ctl.url();
+    std::fs::write(a.state_dir.join("controller.url"), &url).context("recording the controller address")?;
+    println!("Controller started at {url}");
+    shutdown_signal().await;
+    ctl.shutdown().await;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<i32> {
+    let url = match url {
+        Some(u) => u,
+        None => recorded_url().context("no controller address: pass --controller-url")?,
+    };
+    let device = match &a.device {
+        Some(d) => {
+            let parts: Vec<&str> = d.split(':').collect();
+            match parts.as_slice() {
+                [t, v, n] if *t == "gpu" || *t == "tpu" => Some((
+                    t.to_string(),
+                    v.to_string(),
+                    n.parse::<i32>().map_err(|_| anyhow::anyhow!("--device {d:?}: count must be a number"))?,
+                )),
+                _ => anyhow::bail!("--device {d:?}: expected gpu:VARIANT:COUNT or tpu:VARIANT:COUNT"),
+            }
+        }
+        None => None,
+    };
+    let mut attributes = Vec::new();
+    for kv in &a.attributes {
+        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow::anyhow!("--attribute {kv:?}: expected KEY=VALUE"))?;
+        attributes.push((k.to_string(), v.to_string()));
+    }
+    let id = a.worker_id.clone().unwrap_or_else(|| format!("worker-local-0-{}", short_id()));
+    let cache = a.cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("iris-worker-{id}")));
+    let w = iris_worker::start(iris_worker::WorkerConfig {
+        controller_url: url,
+        worker_id: id.clone(),
+        bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        cpu_count: a.cpu,
+        memory_bytes: iris_types::resources::parse_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?,
+        disk_bytes: iris_types::resources::parse_bytes(&a.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?,
+        device,
+        attributes,
+        scale_group: a.scale_group.clone(),
+        cache_dir: cache,
+        heartbeat_timeout: Duration::from_secs_f64(a.heartbeat_timeout.max(1.0)),
+    })
+    .await?;
+    println!("Worker {id} serving at {}", w.addr);
+    shutdown_signal().await;
+    w.shutdown().await;
+    Ok(0)
+}

@@ -1,0 +1,215 @@
+//! The Iris controller: the single writer of the controller DB. It serves
+//! `iris.cluster.ControllerService` (Connect), runs the control tick (schedule → commit →
+//! wake reconcilers), and reconciles each worker with its desired set of attempts.
+//!
+//! Architecture invariant: state changes are committed before any effect reaches a worker;
+//! workers only learn intent from the committed desired set (see `reconcile`).
+
+mod reconcile;
+mod service;
+pub mod spec;
+mod tick;
+mod views;
+
+use anyhow::Context;
+use iris_rpc::RpcError;
+use iris_store::rusqlite::Connection;
+use spec::JobSpec;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// Capacity a scale group can provide, used for the submit-time feasibility check.
+#[derive(Clone, Debug)]
+pub struct GroupCapacity {
+    pub name: String,
+    pub worker: iris_scheduler::Worker,
+    pub max_workers: u32,
+}
+
+/// Controller settings.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    pub state_dir: PathBuf,
+    pub bind: SocketAddr,
+    /// The controller's revision date (`YYYY-MM-DD`) for the client freshness gate.
+    pub revision_date: Option<String>,
+    /// A worker is failed after this long without a successful reconcile (and ≥3 failures).
+    pub worker_grace: Duration,
+    pub reconcile_interval: Duration,
+    /// Declared scale groups: a job no group and no worker could ever host is refused at submit.
+    pub groups: Vec<GroupCapacity>,
+    /// Query limits for `ExecuteRawQuery`.
+    pub query_time_limit: Duration,
+    pub query_max_rows: usize,
+}
+
+impl ControllerConfig {
+    pub fn local(state_dir: PathBuf) -> Self {
+        ControllerConfig {
+            state_dir,
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            revision_date: None,
+            worker_grace: Duration::from_secs(10),
+            reconcile_interval: Duration::from_secs(1),
+            groups: Vec::new(),
+            query_time_limit: Duration::from_secs(10),
+            query_max_rows: 10_000,
+        }
+    }
+}
+
+/// Per-worker handle held by the controller.
+struct WorkerLink {
+    poke: Arc<Notify>,
+    generation: u64,
+}
+
+/// Shared controller state.
+pub struct Controller {
+    cfg: ControllerConfig,
+    db: Mutex<Connection>,
+    logs: Mutex<Connection>,
+    readonly: Mutex<Connection>,
+    wake: Notify,
+    workers: Mutex<HashMap<String, WorkerLink>>,
+    specs: Mutex<HashMap<String, Arc<JobSpec>>>,
+    pending_reasons: Mutex<HashMap<String, String>>,
+    generation: std::sync::atomic::AtomicU64,
+    advertised: Mutex<String>,
+    me: std::sync::Weak<Controller>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves SQLite consistent (transactions roll back on drop),
+    // so recovering the guard is safe.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Controller {
+    fn db(&self) -> MutexGuard<'_, Connection> {
+        lock(&self.db)
+    }
+
+    /// Opens the state dir's databases.
+    pub fn open(cfg: ControllerConfig) -> anyhow::Result<Arc<Controller>> {
+        std::fs::create_dir_all(&cfg.state_dir)
+            .with_context(|| format!("creating state dir {}", cfg.state_dir.display()))?;
+        std::fs::create_dir_all(cfg.state_dir.join("bundles"))?;
+        let db_path = cfg.state_dir.join("controller.sqlite3");
+        let db = iris_store::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
+        let logs = iris_store::logs::open(&cfg.state_dir.join("logs.sqlite3")).context("opening log store")?;
+        let readonly = iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
+        Ok(Arc::new_cyclic(|me| Controller {
+            cfg,
+            db: Mutex::new(db),
+            logs: Mutex::new(logs),
+            readonly: Mutex::new(readonly),
+            wake: Notify::new(),
+            workers: Mutex::new(HashMap::new()),
+            specs: Mutex::new(HashMap::new()),
+            pending_reasons: Mutex::new(HashMap::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
+            advertised: Mutex::new(String::new()),
+            me: me.clone(),
+        }))
+    }
+
+    fn self_arc(&self) -> Option<Arc<Controller>> {
+        self.me.upgrade()
+    }
+
+    /// Wakes the control tick.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Loads (and caches) a job's spec.
+    fn spec(&self, conn: &Connection, job_id: &str) -> Result<Option<Arc<JobSpec>>, RpcError> {
+        if let Some(s) = lock(&self.specs).get(job_id) {
+            return Ok(Some(s.clone()));
+        }
+        let row: Option<(Vec<u8>, i32, String, i64)> = {
+            use iris_store::rusqlite::OptionalExtension;
+            conn.prepare_cached(
+                "SELECT c.request_blob, c.priority_band, j.user_id, j.depth FROM job_config c JOIN jobs j ON j.job_id = c.job_id WHERE c.job_id = ?1",
+            )
+            .and_then(|mut st| st.query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional())
+            .map_err(internal)?
+        };
+        let Some((blob, band, user, depth)) = row else { return Ok(None) };
+        let req = <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(blob.as_slice())
+            .map_err(|e| RpcError::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
+        let band = iris_types::Band::from_code(band).unwrap_or(iris_types::Band::Interactive);
+        let spec = Arc::new(JobSpec::from_request(req, band, user, depth as u32));
+        lock(&self.specs).insert(job_id.to_string(), spec.clone());
+        Ok(Some(spec))
+    }
+
+    fn forget_spec(&self, job_id: &str) {
+        lock(&self.specs).retain(|k, _| k != job_id && !k.starts_with(&format!("{job_id}/")));
+    }
+
+    /// The controller's URL as workers and clients reach it.
+    pub fn url(&self) -> String {
+        lock(&self.advertised).clone()
+    }
+}
+
+pub(crate) fn internal(e: impl std::fmt::Display) -> RpcError {
+    tracing::error!(error = %e, "internal error");
+    RpcError::internal(format!("internal error: {e}"))
+}
+
+/// A running controller.
+pub struct RunningController {
+    pub controller: Arc<Controller>,
+    pub addr: SocketAddr,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl RunningController {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving and the background loops.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.server.await;
+    }
+}
+
+/// Opens the state dir, binds, and starts the server, the tick and reconcilers for known workers.
+pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
+    let bind = cfg.bind;
+    let ctl = Controller::open(cfg)?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("binding controller to {bind}"))?;
+    let addr = listener.local_addr()?;
+    *lock(&ctl.advertised) = format!("http://{addr}");
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let app = service::router(ctl.clone());
+    // Owned by RunningController: stops when the shutdown channel fires.
+    tokio::spawn(tick::run(ctl.clone(), rx.clone()));
+    reconcile::start_known_workers(&ctl, rx.clone())?;
+    let mut srx = rx.clone();
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move {
+                let _ = srx.wait_for(|v| *v).await;
+            })
+            .await;
+    });
+    Ok(RunningController {
+        controller: ctl,
+        addr,
+        shutdown: tx,
+        server,
+    })
+}

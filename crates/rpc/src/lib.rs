@@ -1,0 +1,349 @@
+//! The Connect protocol (unary calls) over HTTP, for both sides.
+//!
+//! Written by hand because the Connect wire format for unary calls is small (a POST with a
+//! protobuf or JSON body, errors as a JSON object) and no maintained Rust crate serves it over
+//! axum with prost messages and the compressions the published client sends (zstd, gzip).
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::{de::DeserializeOwned, Serialize};
+use std::io::Read;
+use std::time::Duration;
+
+/// Largest request body accepted, compressed or not (bundles are at most 25 MiB).
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// Connect error codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    Canceled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl Code {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Canceled => "canceled",
+            Code::Unknown => "unknown",
+            Code::InvalidArgument => "invalid_argument",
+            Code::DeadlineExceeded => "deadline_exceeded",
+            Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
+            Code::PermissionDenied => "permission_denied",
+            Code::ResourceExhausted => "resource_exhausted",
+            Code::FailedPrecondition => "failed_precondition",
+            Code::Aborted => "aborted",
+            Code::OutOfRange => "out_of_range",
+            Code::Unimplemented => "unimplemented",
+            Code::Internal => "internal",
+            Code::Unavailable => "unavailable",
+            Code::DataLoss => "data_loss",
+            Code::Unauthenticated => "unauthenticated",
+        }
+    }
+
+    pub fn parse(s: &str) -> Code {
+        match s {
+            "canceled" => Code::Canceled,
+            "invalid_argument" => Code::InvalidArgument,
+            "deadline_exceeded" => Code::DeadlineExceeded,
+            "not_found" => Code::NotFound,
+            "already_exists" => Code::AlreadyExists,
+            "permission_denied" => Code::PermissionDenied,
+            "resource_exhausted" => Code::ResourceExhausted,
+            "failed_precondition" => Code::FailedPrecondition,
+            "aborted" => Code::Aborted,
+            "out_of_range" => Code::OutOfRange,
+            "unimplemented" => Code::Unimplemented,
+            "internal" => Code::Internal,
+            "unavailable" => Code::Unavailable,
+            "data_loss" => Code::DataLoss,
+            "unauthenticated" => Code::Unauthenticated,
+            _ => Code::Unknown,
+        }
+    }
+
+    /// HTTP status used for this code (the Connect mapping).
+    pub fn http_status(self) -> StatusCode {
+        match self {
+            Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// An RPC error: a code and a message for the user.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", code.as_str())]
+pub struct RpcError {
+    pub code: Code,
+    pub message: String,
+}
+
+impl RpcError {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        RpcError { code, message: message.into() }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(Code::NotFound, message)
+    }
+    pub fn precondition(message: impl Into<String>) -> Self {
+        Self::new(Code::FailedPrecondition, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(Code::Internal, message)
+    }
+}
+
+impl IntoResponse for RpcError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"code": self.code.as_str(), "message": self.message}).to_string();
+        let mut r = (self.code.http_status(), body).into_response();
+        r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+        r
+    }
+}
+
+/// Body codec chosen by the request's content type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Proto,
+    Json,
+}
+
+fn decompress(encoding: &str, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let limit = MAX_BODY_BYTES as u64;
+    let mut out = Vec::new();
+    let res = match encoding {
+        "" | "identity" => return Ok(body.to_vec()),
+        "zstd" => zstd::stream::read::Decoder::new(body)
+            .and_then(|d| d.take(limit + 1).read_to_end(&mut out)),
+        "gzip" => flate2::read::GzDecoder::new(body).take(limit + 1).read_to_end(&mut out),
+        other => {
+            return Err(RpcError::new(
+                Code::Unimplemented,
+                format!("unsupported content-encoding {other:?} (use identity, gzip or zstd)"),
+            ))
+        }
+    };
+    res.map_err(|e| RpcError::invalid(format!("request body is not valid {encoding}: {e}")))?;
+    if out.len() as u64 > limit {
+        return Err(RpcError::new(
+            Code::ResourceExhausted,
+            format!("decompressed request body exceeds {MAX_BODY_BYTES} bytes"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Decodes a unary request body according to its headers.
+pub fn decode<M: prost::Message + Default + DeserializeOwned>(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(M, Codec), RpcError> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(RpcError::new(
+            Code::ResourceExhausted,
+            format!("request body exceeds {MAX_BODY_BYTES} bytes"),
+        ));
+    }
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/proto");
+    let enc = headers
+        .get("content-encoding")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity");
+    let raw = decompress(enc, body)?;
+    let ct = ct.split(';').next().unwrap_or("").trim();
+    match ct {
+        "application/proto" | "application/protobuf" | "application/x-protobuf" => M::decode(raw.as_slice())
+            .map(|m| (m, Codec::Proto))
+            .map_err(|e| RpcError::invalid(format!("request is not a valid protobuf message: {e}"))),
+        "application/json" => {
+            let v = if raw.iter().all(|b| b.is_ascii_whitespace()) { b"{}".to_vec() } else { raw };
+            serde_json::from_slice(&v)
+                .map(|m| (m, Codec::Json))
+                .map_err(|e| RpcError::invalid(format!("request is not valid JSON for this method: {e}")))
+        }
+        other => Err(RpcError::new(
+            Code::Unimplemented,
+            format!("unsupported content-type {other:?} (use application/proto or application/json)"),
+        )),
+    }
+}
+
+/// Encodes a unary response; compresses large bodies with zstd or gzip when the client accepts it.
+pub fn encode<M: prost::Message + Serialize>(codec: Codec, headers: &HeaderMap, msg: &M) -> Response {
+    let (body, ct) = match codec {
+        Codec::Proto => (msg.encode_to_vec(), "application/proto"),
+        Codec::Json => match serde_json::to_vec(msg) {
+            Ok(b) => (b, "application/json"),
+            Err(e) => return RpcError::internal(format!("encoding response: {e}")).into_response(),
+        },
+    };
+    let accept = headers
+        .get("accept-encoding")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mut encoding = None;
+    let body = if body.len() > 64 * 1024 && accept.contains("zstd") {
+        match zstd::encode_all(body.as_slice(), 1) {
+            Ok(b) => {
+                encoding = Some("zstd");
+                b
+            }
+            Err(_) => body,
+        }
+    } else {
+        body
+    };
+    let mut r = (StatusCode::OK, Bytes::from(body)).into_response();
+    r.headers_mut().insert("content-type", HeaderValue::from_static(ct));
+    if let Some(e) = encoding {
+        r.headers_mut().insert("content-encoding", HeaderValue::from_static(e));
+    }
+    r
+}
+
+/// Runs a unary handler: decode, call, encode.
+pub async fn unary<Req, Resp, F, Fut>(headers: &HeaderMap, body: &[u8], f: F) -> Response
+where
+    Req: prost::Message + Default + DeserializeOwned,
+    Resp: prost::Message + Serialize,
+    F: FnOnce(Req) -> Fut,
+    Fut: std::future::Future<Output = Result<Resp, RpcError>>,
+{
+    match decode::<Req>(headers, body) {
+        Ok((req, codec)) => match f(req).await {
+            Ok(resp) => encode(codec, headers, &resp),
+            Err(e) => e.into_response(),
+        },
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A Connect client for one base URL.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    pub fn new(base: &str) -> Result<Self, RpcError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| RpcError::internal(format!("http client: {e}")))?;
+        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: None })
+    }
+
+    /// Sends `authorization: Bearer <token>` on every call.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Calls `/<service>/<method>` with a protobuf body.
+    pub async fn call<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        service: &str,
+        method: &str,
+        req: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, RpcError> {
+        let url = format!("{}/{service}/{method}", self.base);
+        let mut rb = self
+            .http
+            .post(&url)
+            .header("content-type", "application/proto")
+            .header("connect-protocol-version", "1")
+            .header("connect-timeout-ms", timeout.as_millis().to_string())
+            .timeout(timeout)
+            .body(req.encode_to_vec());
+        if let Some(t) = &self.token {
+            rb = rb.header("authorization", format!("Bearer {t}"));
+        }
+        let resp = rb.send().await.map_err(|e| {
+            RpcError::new(Code::Unavailable, format!("cannot reach {}: {}", self.base, root_cause(&e)))
+        })?;
+        let status = resp.status();
+        let enc = resp
+            .headers()
+            .get("content-encoding")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("identity")
+            .to_string();
+        let is_json = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(|c| c.starts_with("application/json"))
+            .unwrap_or(false);
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| RpcError::new(Code::Unavailable, format!("reading response from {url}: {e}")))?;
+        let bytes = decompress(&enc, &bytes)?;
+        if status.is_success() {
+            return Resp::decode(bytes.as_slice())
+                .map_err(|e| RpcError::internal(format!("invalid response from {url}: {e}")));
+        }
+        if is_json {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                let code = v.get("code").and_then(|c| c.as_str()).map(Code::parse).unwrap_or(Code::Unknown);
+                let message = v.get("message").and_then(|c| c.as_str()).unwrap_or("").to_string();
+                return Err(RpcError { code, message });
+            }
+        }
+        let code = match status.as_u16() {
+            404 => Code::Unimplemented,
+            502..=504 => Code::Unavailable,
+            _ => Code::Unknown,
+        };
+        Err(RpcError::new(code, format!("HTTP {status} from {url}")))
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur: &(dyn std::error::Error + 'static) = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}

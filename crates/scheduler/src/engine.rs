@@ -1,0 +1,738 @@
+//! The placement pass: working state, constraint sets, gangs and first-fit solos.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use crate::constraint::{canonical, normalize, satisfied};
+use crate::firstfit::FirstFit;
+use crate::model::{
+    AttrValue, Assignment, Band, Constraint, Dim, PendingTask, Plan, Policy, Resources,
+    RunningTask, Snapshot, Worker,
+};
+use crate::order::order_pending;
+
+/// Distinct ranked lists that get a [`FirstFit`] tree (about 80 KB each for 1,000 workers);
+/// further ones fall back to a linear scan.
+const MAX_TREES: usize = 256;
+
+/// First-fit search over one ranked worker list.
+enum Finder {
+    Tree(FirstFit),
+    /// Linear scan; closed workers are dropped as they are met (they stay closed).
+    Scan(Vec<usize>),
+}
+
+impl Finder {
+    /// `(position, worker)` of the first worker in rank order that is open and where `req` fits.
+    fn find(&mut self, req: &Resources, cap: &Capacity) -> Option<(usize, usize)> {
+        match self {
+            Finder::Tree(tree) => tree.find(req, cap),
+            Finder::Scan(open) => {
+                open.retain(|&w| !cap.closed(w));
+                open.iter()
+                    .copied()
+                    .enumerate()
+                    .find(|&(_, w)| req.fits_in(&cap.free[w]))
+            }
+        }
+    }
+
+    /// Tells the index that the worker at `pos`, just returned by `find`, changed.
+    fn refresh(&mut self, pos: usize, cap: &Capacity) {
+        if let Finder::Tree(tree) = self {
+            tree.refresh(pos, cap);
+        }
+    }
+}
+
+/// The attribute that orders hosts inside a coscheduling group.
+pub(crate) const WORKER_ORDER_ATTR: &str = "tpu-worker-id";
+
+/// Free capacity and per-cycle counters, indexed like `Engine::workers`.
+pub(crate) struct Capacity {
+    pub(crate) free: Vec<Resources>,
+    /// ASSIGNED+BUILDING tasks, including assignments made in this plan.
+    pub(crate) building: Vec<usize>,
+    /// Assignments made in this plan.
+    pub(crate) assigned_now: Vec<usize>,
+    max_building: usize,
+    max_assign: usize,
+}
+
+impl Capacity {
+    /// Takes no more tasks this cycle (build back-pressure or per-cycle limit).
+    pub(crate) fn closed(&self, w: usize) -> bool {
+        self.building[w] >= self.max_building || self.assigned_now[w] >= self.max_assign
+    }
+
+    pub(crate) fn can_host(&self, w: usize, req: &Resources) -> bool {
+        !self.closed(w) && req.fits_in(&self.free[w])
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(free: Vec<Resources>, max_building: usize, max_assign: usize) -> Self {
+        let n = free.len();
+        Capacity {
+            free,
+            building: vec![0; n],
+            assigned_now: vec![0; n],
+            max_building,
+            max_assign,
+        }
+    }
+
+    pub(crate) fn take(&mut self, w: usize, req: &Resources) {
+        self.free[w].sub(req);
+        self.building[w] += 1;
+        self.assigned_now[w] += 1;
+    }
+}
+
+/// Workers evaluated once against one distinct list of constraints.
+pub(crate) struct CSet<'a> {
+    pub(crate) hard: Vec<&'a Constraint>,
+    /// Healthy and satisfies every hard constraint.
+    pub(crate) eligible: Vec<bool>,
+    /// Number of preferred constraints satisfied.
+    pub(crate) soft_score: Vec<u32>,
+    /// Index into `Engine::finders`: eligible workers by soft score (desc), then id.
+    finder: usize,
+    /// Requests that found no worker during the placement pass. Capacity only shrinks during
+    /// that pass, so any request that covers one of these fails too.
+    failed: Vec<Resources>,
+}
+
+/// What happened to a pending task.
+#[derive(Clone, Debug)]
+pub(crate) enum Status {
+    /// Not reached (only possible for inconsistent input, e.g. duplicate keys).
+    Untouched,
+    Assigned,
+    /// Beyond the per-job cycle cap.
+    Capped,
+    /// Tried and found no worker.
+    Failed { cset: usize },
+    /// An earlier task of the job (`head`) found no worker.
+    Skipped { head: usize, cset: usize },
+    /// Gang could not be placed; the reason names the gang.
+    GangFailed(String),
+}
+
+/// A unit of placement, in scheduling order.
+pub(crate) enum Unit<'a> {
+    /// All pending tasks of a coscheduled job, in task-index order.
+    Gang { job: &'a str, tasks: Vec<usize> },
+    Solo(usize),
+}
+
+/// Facts about one constraint set's workers at the end of placement, for explanations.
+struct Summary {
+    /// Eligible workers in id order.
+    eligible: Vec<usize>,
+    /// Per checked dimension: the most free and the worker with it (smallest id on ties).
+    best: [(i64, usize); 4],
+    /// Per checked dimension: the largest total.
+    largest: [i64; 4],
+}
+
+/// Memoized explanations, per constraint set and request shape.
+#[derive(Default)]
+struct Explainer {
+    summaries: BTreeMap<usize, Summary>,
+    reasons: BTreeMap<(usize, [i64; 4]), String>,
+}
+
+/// A set of workers sharing one value of the `group_by` attribute.
+#[derive(Clone)]
+pub(crate) struct Group {
+    /// Canonical value (trimmed, lower-cased).
+    pub(crate) value: String,
+    /// Workers ordered by `tpu-worker-id` then id.
+    pub(crate) workers: Vec<usize>,
+    /// Lowest soft score among its workers.
+    pub(crate) score: u32,
+}
+
+pub(crate) struct Engine<'a> {
+    pub(crate) pending: &'a [PendingTask],
+    pub(crate) policy: &'a Policy,
+    /// Sorted by id; duplicates dropped.
+    pub(crate) workers: Vec<&'a Worker>,
+    pub(crate) cap: Capacity,
+    /// Sorted by task key.
+    pub(crate) running: Vec<&'a RunningTask>,
+    /// Index of the worker holding each running task, if known.
+    pub(crate) running_worker: Vec<Option<usize>>,
+    /// Running tasks per worker, by task key.
+    pub(crate) on_worker: Vec<Vec<usize>>,
+    /// Coscheduled running tasks per job ("slices").
+    pub(crate) slices: BTreeMap<&'a str, Vec<usize>>,
+    pub(crate) evicted: Vec<bool>,
+    pub(crate) csets: Vec<CSet<'a>>,
+    cset_ids: BTreeMap<String, usize>,
+    /// First-fit indexes, shared by constraint sets that rank workers identically.
+    finders: Vec<Finder>,
+    finder_ids: BTreeMap<Vec<usize>, usize>,
+    /// `groups(cs, key, None)` results; group membership does not change during a cycle.
+    group_cache: BTreeMap<(usize, String), Vec<Group>>,
+    /// Dense job number of each pending task.
+    job_of: Vec<usize>,
+    /// Per job: the constraint list last interned for it and its set.
+    job_cset: Vec<Option<(&'a [Constraint], usize)>>,
+    task_cset: Vec<Option<usize>>,
+    pub(crate) status: Vec<Status>,
+    pub(crate) plan: Plan,
+    any_healthy: bool,
+}
+
+impl<'a> Engine<'a> {
+    pub(crate) fn new(snapshot: &'a Snapshot, policy: &'a Policy) -> Engine<'a> {
+        let mut workers: Vec<&Worker> = snapshot.workers.iter().collect();
+        workers.sort_by(|a, b| a.id.cmp(&b.id));
+        workers.dedup_by(|a, b| a.id == b.id);
+        let worker_idx: BTreeMap<&str, usize> = workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.id.as_str(), i))
+            .collect();
+        let mut cap = Capacity {
+            free: workers.iter().map(|w| w.total.clone()).collect(),
+            building: vec![0; workers.len()],
+            assigned_now: vec![0; workers.len()],
+            max_building: policy.max_building_per_worker,
+            max_assign: policy.max_assignments_per_worker_per_cycle,
+        };
+        let mut running: Vec<&RunningTask> = snapshot.running.iter().collect();
+        running.sort_by(|a, b| a.task.cmp(&b.task).then(a.worker.cmp(&b.worker)));
+        let mut running_worker = Vec::with_capacity(running.len());
+        let mut on_worker = vec![Vec::new(); workers.len()];
+        let mut slices: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (r, rt) in running.iter().enumerate() {
+            let w = worker_idx.get(rt.worker.as_str()).copied();
+            if let Some(w) = w {
+                cap.free[w].sub(&rt.resources);
+                if !rt.running {
+                    cap.building[w] += 1;
+                }
+                on_worker[w].push(r);
+            }
+            if rt.coscheduled {
+                slices.entry(rt.job.as_str()).or_default().push(r);
+            }
+            running_worker.push(w);
+        }
+        let any_healthy = workers.iter().any(|w| w.healthy);
+        let mut job_numbers: BTreeMap<&str, usize> = BTreeMap::new();
+        let job_of: Vec<usize> = snapshot
+            .pending
+            .iter()
+            .map(|t| {
+                let next = job_numbers.len();
+                *job_numbers.entry(t.job.as_str()).or_insert(next)
+            })
+            .collect();
+        let n_jobs = job_numbers.len();
+        Engine {
+            pending: &snapshot.pending,
+            policy,
+            cap,
+            evicted: vec![false; running.len()],
+            running,
+            running_worker,
+            on_worker,
+            slices,
+            csets: Vec::new(),
+            cset_ids: BTreeMap::new(),
+            finders: Vec::new(),
+            finder_ids: BTreeMap::new(),
+            group_cache: BTreeMap::new(),
+            job_cset: vec![None; n_jobs],
+            job_of,
+            task_cset: vec![None; snapshot.pending.len()],
+            status: vec![Status::Untouched; snapshot.pending.len()],
+            plan: Plan::default(),
+            any_healthy,
+            workers,
+        }
+    }
+
+    /// Orders pending tasks into placement units: per band, gangs first, then solo tasks.
+    pub(crate) fn units(&self, order: &[usize]) -> Vec<Unit<'a>> {
+        let pending = self.pending;
+        let mut gang_members: Vec<Option<Vec<usize>>> = vec![None; self.job_cset.len()];
+        for (p, t) in pending.iter().enumerate() {
+            if t.group_by.is_some() {
+                gang_members[self.job_of[p]]
+                    .get_or_insert_with(Vec::new)
+                    .push(p);
+            }
+        }
+        for tasks in gang_members.iter_mut().flatten() {
+            tasks.sort_by(|&a, &b| {
+                task_index(&pending[a].task)
+                    .cmp(&task_index(&pending[b].task))
+                    .then_with(|| pending[a].task.cmp(&pending[b].task))
+            });
+        }
+        let mut out = Vec::with_capacity(order.len());
+        let mut gangs = Vec::new();
+        let mut solos = Vec::new();
+        let mut band: Option<Band> = None;
+        for &p in order {
+            let t = &pending[p];
+            if band != Some(t.band) {
+                out.append(&mut gangs);
+                out.append(&mut solos);
+                band = Some(t.band);
+            }
+            if t.group_by.is_some() {
+                if let Some(tasks) = gang_members[self.job_of[p]].take() {
+                    gangs.push(Unit::Gang {
+                        job: t.job.as_str(),
+                        tasks,
+                    });
+                }
+            } else {
+                solos.push(Unit::Solo(p));
+            }
+        }
+        out.append(&mut gangs);
+        out.append(&mut solos);
+        out
+    }
+
+    /// The constraint set of pending task `p`, computed once per distinct constraint list.
+    pub(crate) fn cset_for(&mut self, p: usize) -> usize {
+        if let Some(cs) = self.task_cset[p] {
+            return cs;
+        }
+        let t: &'a PendingTask = &self.pending[p];
+        let constraints = t.constraints.as_slice();
+        let job = self.job_of[p];
+        let cs = match self.job_cset[job] {
+            Some((cached, cs)) if std::ptr::eq(cached, constraints) || cached == constraints => cs,
+            _ => {
+                let cs = self.intern_cset(constraints);
+                self.job_cset[job] = Some((constraints, cs));
+                cs
+            }
+        };
+        self.task_cset[p] = Some(cs);
+        cs
+    }
+
+    fn intern_cset(&mut self, constraints: &'a [Constraint]) -> usize {
+        let mut key = String::new();
+        for c in constraints {
+            // Debug output of plain data is deterministic, including floats.
+            let _ = write!(key, "{c:?}\u{1}");
+        }
+        if let Some(&cs) = self.cset_ids.get(&key) {
+            return cs;
+        }
+        let hard: Vec<&Constraint> = constraints.iter().filter(|c| c.required).collect();
+        let soft: Vec<&Constraint> = constraints.iter().filter(|c| !c.required).collect();
+        let mut eligible = vec![false; self.workers.len()];
+        let mut soft_score = vec![0; self.workers.len()];
+        for (w, worker) in self.workers.iter().enumerate() {
+            eligible[w] =
+                worker.healthy && hard.iter().all(|c| satisfied(c, &worker.attributes));
+            if eligible[w] {
+                soft_score[w] = soft
+                    .iter()
+                    .filter(|c| satisfied(c, &worker.attributes))
+                    .count() as u32;
+            }
+        }
+        let mut ranked: Vec<usize> = (0..self.workers.len()).filter(|&w| eligible[w]).collect();
+        ranked.sort_by_key(|&w| (Reverse(soft_score[w]), w));
+        let finder = match self.finder_ids.get(&ranked) {
+            Some(&f) => f,
+            None => {
+                let f = self.finders.len();
+                self.finders.push(if f < MAX_TREES {
+                    Finder::Tree(FirstFit::new(ranked.clone(), &self.cap))
+                } else {
+                    Finder::Scan(ranked.clone())
+                });
+                self.finder_ids.insert(ranked, f);
+                f
+            }
+        };
+        let cs = self.csets.len();
+        self.csets.push(CSet {
+            hard,
+            eligible,
+            soft_score,
+            finder,
+            failed: Vec::new(),
+        });
+        self.cset_ids.insert(key, cs);
+        cs
+    }
+
+    pub(crate) fn assign(&mut self, p: usize, w: usize) {
+        let t = &self.pending[p];
+        self.cap.take(w, &t.resources);
+        self.plan.assignments.push(Assignment {
+            task: t.task.clone(),
+            worker: self.workers[w].id.clone(),
+        });
+        self.status[p] = Status::Assigned;
+    }
+
+    /// Runs placement, explains what is left, then runs preemption.
+    pub(crate) fn run(mut self, user_spend: &BTreeMap<String, i64>) -> Plan {
+        let order = order_pending(self.pending, user_spend);
+        let units = self.units(&order);
+        let mut job_seen: Vec<usize> = vec![0; self.job_cset.len()];
+        let mut job_block: Vec<Option<usize>> = vec![None; self.job_cset.len()];
+        for unit in &units {
+            match unit {
+                Unit::Gang { job, tasks } => self.place_gang(job, tasks),
+                Unit::Solo(p) => self.place_solo(*p, &mut job_seen, &mut job_block),
+            }
+        }
+        self.explain_unplaced();
+        self.preemption_pass(&units);
+        self.plan
+    }
+
+    fn place_solo(
+        &mut self,
+        p: usize,
+        job_seen: &mut [usize],
+        job_block: &mut [Option<usize>],
+    ) {
+        let t: &'a PendingTask = &self.pending[p];
+        let job = self.job_of[p];
+        job_seen[job] += 1;
+        if job_seen[job] > self.policy.max_tasks_per_job_per_cycle {
+            self.status[p] = Status::Capped;
+            return;
+        }
+        let cset = self.cset_for(p);
+        if let Some(head) = job_block[job] {
+            self.status[p] = Status::Skipped { head, cset };
+            return;
+        }
+        match self.find_fit(cset, &t.resources) {
+            Some((pos, w)) => {
+                self.assign(p, w);
+                self.finders[self.csets[cset].finder].refresh(pos, &self.cap);
+            }
+            None => {
+                self.status[p] = Status::Failed { cset };
+                job_block[job] = Some(p);
+            }
+        }
+    }
+
+    /// First open eligible worker (by soft score, then id) where `req` fits; the worker's
+    /// position in the finder comes along so that it can be refreshed after the assignment.
+    fn find_fit(&mut self, cs: usize, req: &Resources) -> Option<(usize, usize)> {
+        let set = &mut self.csets[cs];
+        if set.failed.iter().any(|f| req.covers(f)) {
+            return None;
+        }
+        let found = self.finders[set.finder].find(req, &self.cap);
+        if found.is_none() {
+            set.failed.retain(|f| !f.covers(req));
+            set.failed.push(req.clone());
+        }
+        found
+    }
+
+    /// `groups(cs, key, None)`, computed once per cycle.
+    pub(crate) fn all_groups(&mut self, cs: usize, key: &str) -> Vec<Group> {
+        let cache_key = (cs, key.to_string());
+        if let Some(g) = self.group_cache.get(&cache_key) {
+            return g.clone();
+        }
+        let groups = self.groups(cs, key, None);
+        self.group_cache.insert(cache_key, groups.clone());
+        groups
+    }
+
+    /// Workers eligible for `cs` (and inside `within`, if given) grouped by their value of
+    /// `key`, in try order: soft score (desc), then group value.
+    pub(crate) fn groups(&self, cs: usize, key: &str, within: Option<&BTreeSet<usize>>) -> Vec<Group> {
+        let set = &self.csets[cs];
+        let mut by_value: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (w, worker) in self.workers.iter().enumerate() {
+            if !set.eligible[w] || within.is_some_and(|s| !s.contains(&w)) {
+                continue;
+            }
+            if let Some(v) = worker.attributes.get(key) {
+                by_value.entry(canonical(v)).or_default().push(w);
+            }
+        }
+        let mut groups: Vec<Group> = by_value
+            .into_iter()
+            .map(|(value, mut workers)| {
+                workers.sort_by_cached_key(|&w| host_order_key(self.workers[w]));
+                let score = workers
+                    .iter()
+                    .map(|&w| set.soft_score[w])
+                    .min()
+                    .unwrap_or(0);
+                Group {
+                    value,
+                    workers,
+                    score,
+                }
+            })
+            .collect();
+        groups.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.value.cmp(&b.value)));
+        groups
+    }
+
+    /// Zips gang tasks onto distinct hosts of `hosts` (already in host order): each task takes
+    /// the next host that is open, eligible for its constraints and has room. All or nothing.
+    pub(crate) fn zip_gang(&self, tasks: &[usize], css: &[usize], hosts: &[usize]) -> Option<Vec<usize>> {
+        let mut picks = Vec::with_capacity(tasks.len());
+        let mut next = 0;
+        for (k, &p) in tasks.iter().enumerate() {
+            let req = &self.pending[p].resources;
+            let cs = &self.csets[css[k]];
+            let pos = hosts[next..]
+                .iter()
+                .position(|&w| cs.eligible[w] && self.cap.can_host(w, req))?;
+            picks.push(hosts[next + pos]);
+            next += pos + 1;
+        }
+        Some(picks)
+    }
+
+    fn place_gang(&mut self, job: &str, tasks: &[usize]) {
+        let Some(&first) = tasks.first() else {
+            return;
+        };
+        let head = &self.pending[first];
+        let key = head.group_by.as_deref().unwrap_or("");
+        let css: Vec<usize> = tasks.iter().map(|&p| self.cset_for(p)).collect();
+        let groups = self.all_groups(css[0], key);
+        let mut best: Option<(usize, &str)> = None;
+        for g in &groups {
+            if let Some(picks) = self.zip_gang(tasks, &css, &g.workers) {
+                for (&p, &w) in tasks.iter().zip(&picks) {
+                    self.assign(p, w);
+                }
+                return;
+            }
+            let room = g
+                .workers
+                .iter()
+                .filter(|&&w| self.cap.can_host(w, &head.resources))
+                .count();
+            if best.is_none_or(|(n, _)| room > n) {
+                best = Some((room, g.value.as_str()));
+            }
+        }
+        let mut reason = format!(
+            "Coscheduled job {job} needs {} workers sharing one value of '{key}' with {} each",
+            tasks.len(),
+            head.resources
+        );
+        match best {
+            Some((room, value)) => {
+                let _ = write!(reason, "; best group '{value}' has {room} with room now");
+            }
+            None if !self.csets[css[0]].eligible.contains(&true) => {
+                let _ = write!(reason, "; {}", self.constraint_reason(css[0]));
+            }
+            None => {
+                let _ = write!(reason, "; no eligible worker has attribute '{key}'");
+            }
+        }
+        for &p in tasks {
+            self.status[p] = Status::GangFailed(reason.clone());
+        }
+    }
+
+    /// True if skipped task `p` has the constraints of its job's failed `head` and asks for at
+    /// least as much, so it could not fit where `head` could not.
+    pub(crate) fn dominated(&self, p: usize, head: usize, cset: usize) -> bool {
+        self.task_cset[head] == Some(cset)
+            && self.pending[p]
+                .resources
+                .covers(&self.pending[head].resources)
+    }
+
+    fn explain_unplaced(&mut self) {
+        let mut memo = Explainer::default();
+        for p in 0..self.pending.len() {
+            let t = &self.pending[p];
+            let reason = match &self.status[p] {
+                Status::Assigned => continue,
+                Status::Untouched => "Not considered this cycle (duplicate task key)".to_string(),
+                Status::Capped => format!(
+                    "Per-job cycle cap reached: at most {} tasks of job {} are considered per cycle",
+                    self.policy.max_tasks_per_job_per_cycle, t.job
+                ),
+                Status::GangFailed(r) => r.clone(),
+                Status::Failed { cset } => self.diagnose_memo(&mut memo, *cset, &t.resources),
+                Status::Skipped { head, cset } => {
+                    if self.dominated(p, *head, *cset) {
+                        self.diagnose_memo(&mut memo, *cset, &t.resources)
+                    } else {
+                        format!(
+                            "Deferred: an earlier task of job {} found no worker this cycle",
+                            t.job
+                        )
+                    }
+                }
+            };
+            self.plan.pending_reasons.insert(t.task.clone(), reason);
+        }
+    }
+
+    fn diagnose_memo(&self, memo: &mut Explainer, cs: usize, req: &Resources) -> String {
+        let key = (cs, Dim::CHECKED.map(|d| req.get(d)));
+        if let Some(r) = memo.reasons.get(&key) {
+            return r.clone();
+        }
+        let summary = memo.summaries.entry(cs).or_insert_with(|| self.summarize(cs));
+        let reason = self.diagnose(cs, summary, req);
+        memo.reasons.insert(key, reason.clone());
+        reason
+    }
+
+    fn summarize(&self, cs: usize) -> Summary {
+        let set = &self.csets[cs];
+        let eligible: Vec<usize> = (0..self.workers.len()).filter(|&w| set.eligible[w]).collect();
+        let mut best = [(i64::MIN, usize::MAX); 4];
+        let mut largest = [0i64; 4];
+        for &w in &eligible {
+            for (k, d) in Dim::CHECKED.into_iter().enumerate() {
+                let free = self.cap.free[w].get(d);
+                // Strictly more: ties keep the smallest id (eligible is in id order).
+                if free > best[k].0 {
+                    best[k] = (free, w);
+                }
+                largest[k] = largest[k].max(self.workers[w].total.get(d));
+            }
+        }
+        Summary {
+            eligible,
+            best,
+            largest,
+        }
+    }
+
+    /// Why no worker of constraint set `cs` can take `req` at the end of placement.
+    fn diagnose(&self, cs: usize, summary: &Summary, req: &Resources) -> String {
+        if !self.any_healthy {
+            return "Waiting for workers: no healthy worker is registered".to_string();
+        }
+        if summary.eligible.is_empty() {
+            return self.constraint_reason(cs);
+        }
+        let scope = if self.csets[cs].hard.is_empty() {
+            "healthy worker"
+        } else {
+            "healthy worker matching its constraints"
+        };
+        let mut short = Vec::new();
+        for (k, d) in Dim::CHECKED.into_iter().enumerate() {
+            let need = req.get(d);
+            let (have, w) = summary.best[k];
+            if need <= 0 || have >= need {
+                continue;
+            }
+            let largest = summary.largest[k];
+            let detail = if largest <= 0 {
+                format!("none has any {}", d.name())
+            } else if largest < need {
+                format!("largest has {} in total", d.amount(largest))
+            } else {
+                format!("best: {} {} free", self.workers[w].id, d.amount(have.max(0)))
+            };
+            short.push(format!(
+                "no {scope} has {} {} free ({detail})",
+                d.amount(need),
+                d.name()
+            ));
+        }
+        if !short.is_empty() {
+            return format!("Waiting for resources: {}", short.join("; "));
+        }
+        let (mut fitting, mut backpressured, mut cycle_limited) = (0, 0, 0);
+        for &w in &summary.eligible {
+            if req.fits_in(&self.cap.free[w]) {
+                fitting += 1;
+                if self.cap.building[w] >= self.cap.max_building {
+                    backpressured += 1;
+                } else if self.cap.assigned_now[w] >= self.cap.max_assign {
+                    cycle_limited += 1;
+                }
+            }
+        }
+        if fitting == 0 {
+            return format!(
+                "Waiting for resources: no single {scope} has {req} free at the same time"
+            );
+        }
+        let mut parts = Vec::new();
+        if backpressured > 0 {
+            parts.push(format!(
+                "{backpressured} worker(s) with room already have {} tasks assigned or building",
+                self.cap.max_building
+            ));
+        }
+        if cycle_limited > 0 {
+            parts.push(format!(
+                "{cycle_limited} worker(s) with room reached the limit of {} new assignments per cycle",
+                self.cap.max_assign
+            ));
+        }
+        if parts.is_empty() {
+            return "Deferred to the next cycle".to_string();
+        }
+        format!("Waiting for worker capacity: {}", parts.join("; "))
+    }
+
+    /// Which hard constraint rules out every healthy worker.
+    pub(crate) fn constraint_reason(&self, cs: usize) -> String {
+        let healthy: Vec<&Worker> = self.workers.iter().copied().filter(|w| w.healthy).collect();
+        if healthy.is_empty() {
+            return "Waiting for workers: no healthy worker is registered".to_string();
+        }
+        let hard = &self.csets[cs].hard;
+        for c in hard {
+            if !healthy.iter().any(|w| satisfied(c, &w.attributes)) {
+                return format!("No worker matches constraint {c}");
+            }
+        }
+        let all: Vec<String> = hard.iter().map(|c| c.to_string()).collect();
+        format!("No worker matches all constraints together: {}", all.join(" AND "))
+    }
+
+    /// Normalized device variant of running task `r`.
+    pub(crate) fn running_variant(&self, r: usize) -> String {
+        normalize(&self.running[r].device_variant)
+    }
+}
+
+/// The numeric suffix of a task key (`/u/j/12` → 12); keys without one sort last.
+pub(crate) fn task_index(key: &str) -> (u8, u64) {
+    match key.rsplit('/').next().and_then(|s| s.parse::<u64>().ok()) {
+        Some(i) => (0, i),
+        None => (1, 0),
+    }
+}
+
+/// Host order inside a coscheduling group: `tpu-worker-id` numerically when it is an integer,
+/// then other values as text, then workers without it; ties keep id order.
+pub(crate) fn host_order_key(w: &Worker) -> (u8, i64, String) {
+    match w.attributes.get(WORKER_ORDER_ATTR) {
+        Some(AttrValue::Int(i)) => (0, *i, String::new()),
+        Some(AttrValue::Str(s)) => match s.trim().parse::<i64>() {
+            Ok(i) => (0, i, String::new()),
+            Err(_) => (1, 0, normalize(s)),
+        },
+        Some(v @ AttrValue::Float(_)) => (1, 0, canonical(v)),
+        None => (2, 0, String::new()),
+    }
+}

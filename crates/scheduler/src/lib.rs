@@ -1,0 +1,60 @@
+//! Pure placement for Iris: [`schedule`]`(&Snapshot, &Policy) -> Plan`.
+//!
+//! Architecture Invariant: no I/O, no clock, no async, no randomness. The output depends only
+//! on the *contents* of the snapshot: workers are sorted by id, running tasks by key and
+//! pending tasks by [`order_pending`] (whose order is total), and every map is a `BTreeMap`.
+//! The crate does not depend on `iris-types`; the controller converts.
+//!
+//! # Pipeline (reference §4.2–4.6)
+//! 1. **Order** pending tasks: band rank, then round-robin across users by ascending spend,
+//!    each user's tasks in base order ([`order_pending`]).
+//! 2. **Place**, band by band. Within a band, coscheduled jobs (gangs) go first, then solo tasks
+//!    first-fit. (Placing gangs first *within each band* rather than across all bands keeps a
+//!    Batch gang from taking capacity ahead of System work.)
+//!    * Solo: at most `max_tasks_per_job_per_cycle` tasks of a job are considered; once one finds
+//!      no worker, the job's remaining tasks are skipped this cycle. Candidates are healthy
+//!      workers satisfying every hard constraint, ranked by the number of preferred constraints
+//!      satisfied (more first), then worker id.
+//!    * Gang: all pending tasks of the job go at once to distinct hosts sharing one value of
+//!      `group_by`, or none do. Groups are tried by soft score (the lowest soft score among a
+//!      group's hosts, higher first), then group value; hosts are ordered by `tpu-worker-id`
+//!      (integers numerically, missing last), then id; tasks by key index; they are zipped,
+//!      skipping hosts without room.
+//!    * Fit: each requested (> 0) cpu/memory/gpu/tpu dimension fits the worker's free capacity
+//!      (total − resources held by running tasks − assignments earlier in this plan); disk is not
+//!      checked. A worker takes nothing more once it holds `max_building_per_worker`
+//!      ASSIGNED/BUILDING tasks (counting this plan's) or received
+//!      `max_assignments_per_worker_per_cycle` assignments in this plan.
+//! 3. **Explain** every unplaced task in [`Plan::pending_reasons`].
+//! 4. **Preempt** for what is still unplaced, in the same order ([`Preemption`]); preemptors are
+//!    assigned to the freed workers in the same plan. Only RUNNING tasks of a strictly lower band
+//!    are victims; see the reference §4.6 and the `preempt` module for the exact rules.
+//!
+//! Submit-time checks use [`feasible_anywhere`]; constraints are evaluated by
+//! [`constraint_matches`].
+
+mod constraint;
+mod engine;
+mod feasible;
+mod firstfit;
+mod model;
+mod order;
+mod preempt;
+#[cfg(test)]
+mod testutil;
+#[cfg(test)]
+mod tests;
+
+pub use constraint::{constraint_matches, ConstraintError};
+pub use feasible::feasible_anywhere;
+pub use model::{
+    Assignment, AttrValue, Band, Constraint, ConstraintOp, JobKey, PendingTask, Plan, Policy,
+    Preemption, Resources, RunningTask, Snapshot, TaskKey, Worker, WorkerId,
+};
+pub use order::order_pending;
+
+/// Computes one scheduling cycle's plan: assignments, preemptions, and a reason for every
+/// pending task left unassigned. Pure and deterministic (see the crate docs).
+pub fn schedule(snapshot: &Snapshot, policy: &Policy) -> Plan {
+    engine::Engine::new(snapshot, policy).run(&snapshot.user_spend)
+}

@@ -1,0 +1,304 @@
+//! The preemption pass (§4.6) for tasks still unplaced after placement.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::constraint::normalize;
+use crate::engine::{Engine, Status, Unit};
+use crate::model::{Band, PendingTask, Preemption, Resources};
+
+/// Sort key for victims: lowest band first, then cheapest, then task key (= index order).
+type VictimKey = (Reverse<u8>, (i64, i64, i64), usize);
+
+/// Requests that found no victim, per (constraint set, variant, band). Valid until the next
+/// successful preemption changes the state.
+type FailCache = BTreeMap<(usize, String, Band), Vec<Resources>>;
+
+impl<'a> Engine<'a> {
+    fn victim_key(&self, r: usize) -> VictimKey {
+        let rt = self.running[r];
+        (Reverse(rt.band.rank()), rt.resources.cost_key(), r)
+    }
+
+    /// Evicts running task `r` for pending task `by`.
+    fn evict(&mut self, r: usize, by: usize) {
+        let rt = self.running[r];
+        self.evicted[r] = true;
+        if let Some(w) = self.running_worker[r] {
+            self.cap.free[w].add(&rt.resources);
+        }
+        self.plan.preemptions.push(Preemption {
+            victim: rt.task.clone(),
+            worker: rt.worker.clone(),
+            by: self.pending[by].task.clone(),
+        });
+    }
+
+    fn placed_by_preemption(&mut self, p: usize, w: usize) {
+        self.assign(p, w);
+        self.plan.pending_reasons.remove(&self.pending[p].task);
+    }
+
+    pub(crate) fn preemption_pass(&mut self, units: &[Unit<'a>]) {
+        // Solo victims: RUNNING, not part of a slice, on a known worker; per variant, in victim order.
+        let mut solo_victims: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (r, rt) in self.running.iter().enumerate() {
+            if rt.running && !rt.coscheduled && self.running_worker[r].is_some() {
+                solo_victims.entry(self.running_variant(r)).or_default().push(r);
+            }
+        }
+        for list in solo_victims.values_mut() {
+            list.sort_by_cached_key(|&r| self.victim_key(r));
+        }
+        let mut cache = FailCache::new();
+        for unit in units {
+            let done = match unit {
+                Unit::Solo(p) => {
+                    let candidate = match self.status[*p] {
+                        Status::Failed { .. } => true,
+                        Status::Skipped { head, cset } => self.dominated(*p, head, cset),
+                        _ => false,
+                    };
+                    candidate && self.preempt_solo(*p, &mut solo_victims, &mut cache)
+                }
+                Unit::Gang { tasks, .. } => {
+                    let failed = tasks
+                        .iter()
+                        .all(|&p| matches!(self.status[p], Status::GangFailed(_)));
+                    failed && !tasks.is_empty() && self.preempt_gang(tasks)
+                }
+            };
+            if done {
+                cache.clear();
+            }
+        }
+    }
+
+    /// One victim for one solo preemptor: lowest band first, then cheapest; same variant,
+    /// on a worker matching the preemptor's hard constraints, and freeing it must suffice.
+    fn preempt_solo(
+        &mut self,
+        p: usize,
+        solo_victims: &mut BTreeMap<String, Vec<usize>>,
+        cache: &mut FailCache,
+    ) -> bool {
+        let t: &'a PendingTask = &self.pending[p];
+        if t.band == Band::Batch {
+            return false;
+        }
+        let cs = self.cset_for(p);
+        let variant = normalize(&t.device_variant);
+        let key = (cs, variant, t.band);
+        if cache
+            .get(&key)
+            .is_some_and(|failed| failed.iter().any(|f| t.resources.covers(f)))
+        {
+            return false;
+        }
+        let mut found = None;
+        if let Some(list) = solo_victims.get_mut(&key.1) {
+            // Scan in victim order, dropping already-evicted entries on the way.
+            let (mut read, mut write) = (0, 0);
+            while read < list.len() {
+                let r = list[read];
+                read += 1;
+                if self.evicted[r] {
+                    continue;
+                }
+                list[write] = r;
+                write += 1;
+                let rt = self.running[r];
+                if !t.band.outranks(rt.band) {
+                    break; // sorted lowest band first: the rest are not lower
+                }
+                let Some(w) = self.running_worker[r] else {
+                    continue;
+                };
+                if !self.csets[cs].eligible[w] || self.cap.closed(w) {
+                    continue;
+                }
+                let mut freed = self.cap.free[w].clone();
+                freed.add(&rt.resources);
+                if t.resources.fits_in(&freed) {
+                    found = Some((r, w));
+                    break;
+                }
+            }
+            if read != write {
+                list.copy_within(read.., write);
+                list.truncate(list.len() - (read - write));
+            }
+        }
+        match found {
+            Some((r, w)) => {
+                self.evict(r, p);
+                self.placed_by_preemption(p, w);
+                true
+            }
+            None => {
+                let failed = cache.entry(key).or_default();
+                failed.retain(|f| !f.covers(&t.resources));
+                failed.push(t.resources.clone());
+                false
+            }
+        }
+    }
+
+    /// A gang preempts either one whole lower-band slice of its variant whose hosts form a
+    /// valid group for it, or else lower-band solo co-tenants on enough hosts of one group.
+    fn preempt_gang(&mut self, tasks: &[usize]) -> bool {
+        // The gang's band is its lowest task band, so every victim is below every member.
+        let Some(band) = tasks.iter().map(|&p| self.pending[p].band).max() else {
+            return false;
+        };
+        if band == Band::Batch {
+            return false;
+        }
+        let head: &'a PendingTask = &self.pending[tasks[0]];
+        let key = head.group_by.as_deref().unwrap_or("");
+        let variant = normalize(&head.device_variant);
+        let css: Vec<usize> = tasks.iter().map(|&p| self.cset_for(p)).collect();
+        self.preempt_slice(tasks, &css, band, key, &variant)
+            || self.preempt_cotenants(tasks, &css, band, key)
+    }
+
+    fn preempt_slice(
+        &mut self,
+        tasks: &[usize],
+        css: &[usize],
+        band: Band,
+        key: &str,
+        variant: &str,
+    ) -> bool {
+        let mut slices: Vec<(Reverse<u8>, usize, &'a str)> = Vec::new();
+        for (&job, members) in &self.slices {
+            let ok = members.len() >= tasks.len()
+                && members.iter().all(|&r| {
+                    let rt = self.running[r];
+                    !self.evicted[r]
+                        && rt.running
+                        && band.outranks(rt.band)
+                        && self.running_worker[r].is_some()
+                        && self.running_variant(r) == variant
+                });
+            if ok {
+                let top = members
+                    .iter()
+                    .map(|&r| self.running[r].band.rank())
+                    .min()
+                    .unwrap_or(0);
+                slices.push((Reverse(top), members.len(), job));
+            }
+        }
+        slices.sort();
+        for (_, _, job) in slices {
+            let members = self.slices.get(job).cloned().unwrap_or_default();
+            let hosts: BTreeSet<usize> = members
+                .iter()
+                .filter_map(|&r| self.running_worker[r])
+                .collect();
+            for &r in &members {
+                if let Some(w) = self.running_worker[r] {
+                    self.cap.free[w].add(&self.running[r].resources);
+                }
+            }
+            let groups = self.groups(css[0], key, Some(&hosts));
+            let picks = groups
+                .iter()
+                .find_map(|g| self.zip_gang(tasks, css, &g.workers));
+            // Undo the tentative release; `evict` applies it for real.
+            for &r in &members {
+                if let Some(w) = self.running_worker[r] {
+                    self.cap.free[w].sub(&self.running[r].resources);
+                }
+            }
+            if let Some(picks) = picks {
+                for &r in &members {
+                    let by = self.running_worker[r]
+                        .and_then(|w| picks.iter().position(|&x| x == w))
+                        .map_or(tasks[0], |k| tasks[k]);
+                    self.evict(r, by);
+                }
+                for (&p, &w) in tasks.iter().zip(&picks) {
+                    self.placed_by_preemption(p, w);
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    fn preempt_cotenants(&mut self, tasks: &[usize], css: &[usize], band: Band, key: &str) -> bool {
+        let need = tasks
+            .iter()
+            .fold(Resources::default(), |acc, &p| acc.component_max(&self.pending[p].resources));
+        for g in self.all_groups(css[0], key) {
+            // (victim count, position in host order, worker, victims)
+            let mut usable: Vec<(usize, usize, usize, Vec<usize>)> = Vec::new();
+            for (pos, &w) in g.workers.iter().enumerate() {
+                if self.cap.closed(w) || !css.iter().all(|&c| self.csets[c].eligible[w]) {
+                    continue;
+                }
+                if let Some(victims) = self.cotenant_victims(w, band, &need) {
+                    usable.push((victims.len(), pos, w, victims));
+                }
+            }
+            if usable.len() < tasks.len() {
+                continue;
+            }
+            usable.sort_by_key(|u| (u.0, u.1));
+            usable.truncate(tasks.len());
+            usable.sort_by_key(|u| u.1);
+            for (&p, (_, _, w, victims)) in tasks.iter().zip(&usable) {
+                for &r in victims {
+                    self.evict(r, p);
+                }
+                self.placed_by_preemption(p, *w);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// The fewest lower-band solo RUNNING tasks on `w` (cheapest first) whose eviction makes
+    /// room for `need`; `Some(empty)` if it already fits, `None` if eviction cannot help.
+    fn cotenant_victims(&self, w: usize, band: Band, need: &Resources) -> Option<Vec<usize>> {
+        let mut free = self.cap.free[w].clone();
+        if need.fits_in(&free) {
+            return Some(Vec::new());
+        }
+        let mut candidates: Vec<usize> = self.on_worker[w]
+            .iter()
+            .copied()
+            .filter(|&r| {
+                let rt = self.running[r];
+                !self.evicted[r] && rt.running && !rt.coscheduled && band.outranks(rt.band)
+            })
+            .collect();
+        candidates.sort_by_cached_key(|&r| self.victim_key(r));
+        let mut chosen = Vec::new();
+        for r in candidates {
+            free.add(&self.running[r].resources);
+            chosen.push(r);
+            if need.fits_in(&free) {
+                break;
+            }
+        }
+        if !need.fits_in(&free) {
+            return None;
+        }
+        // Keep only the victims that are needed.
+        let mut i = 0;
+        while i < chosen.len() {
+            let mut without = free.clone();
+            without.sub(&self.running[chosen[i]].resources);
+            if need.fits_in(&without) {
+                free = without;
+                chosen.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        Some(chosen)
+    }
+}
