@@ -116,7 +116,8 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<ClusterConfig> {
 }
 
 pub fn load(path: &std::path::Path) -> anyhow::Result<ClusterConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config {}", path.display()))?;
     parse(&text, &path.display().to_string())
 }
 
@@ -125,7 +126,10 @@ pub fn attr_string(v: &serde_yaml::Value) -> String {
         serde_yaml::Value::String(s) => s.clone(),
         serde_yaml::Value::Bool(b) => b.to_string(),
         serde_yaml::Value::Number(n) => n.to_string(),
-        other => serde_yaml::to_string(other).unwrap_or_default().trim().to_string(),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
     }
 }
 

@@ -64,17 +64,28 @@ pub struct WorkerArgs {
 }
 
 pub fn default_state_dir() -> PathBuf {
-    dirs::data_local_dir().unwrap_or_else(std::env::temp_dir).join("iris").join("local")
+    dirs::data_local_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("iris")
+        .join("local")
 }
 
 /// The controller URL a running local cluster recorded in the default state dir.
 pub fn recorded_url() -> Option<String> {
-    let dir = std::env::var_os("IRIS_STATE_DIR").map(PathBuf::from).unwrap_or_else(default_state_dir);
-    std::fs::read_to_string(dir.join("controller.url")).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    let dir = std::env::var_os("IRIS_STATE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(default_state_dir);
+    std::fs::read_to_string(dir.join("controller.url"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 fn revision_date() -> Option<String> {
-    std::env::var("IRIS_REVISION_DATE").ok().filter(|s| !s.is_empty()).or_else(|| Some("2026-10-24".into()))
+    std::env::var("IRIS_REVISION_DATE")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| Some("2026-10-24".into()))
 }
 
 /// One local worker per VM of each scale group.
@@ -94,24 +105,42 @@ fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<GroupPlan>> {
     for (name, g) in &cfg.scale_groups {
         let r = &g.resources;
         let memory = match &r.ram {
-            Some(s) => iris_types::resources::parse_bytes(s).map_err(|e| anyhow::anyhow!("scale_groups.{name}.resources.ram: {e}"))?,
+            Some(s) => iris_types::resources::parse_bytes(s)
+                .map_err(|e| anyhow::anyhow!("scale_groups.{name}.resources.ram: {e}"))?,
             None => 16 << 30,
         };
         let disk = match &r.disk {
-            Some(s) => iris_types::resources::parse_bytes(s).map_err(|e| anyhow::anyhow!("scale_groups.{name}.resources.disk: {e}"))?,
+            Some(s) => iris_types::resources::parse_bytes(s)
+                .map_err(|e| anyhow::anyhow!("scale_groups.{name}.resources.disk: {e}"))?,
             None => 100 << 30,
         };
         let dtype = r.device_type.clone().unwrap_or_else(|| "cpu".into());
         let device = match dtype.as_str() {
             "cpu" => None,
-            "gpu" | "tpu" => Some((dtype.clone(), r.device_variant.clone().unwrap_or_default(), r.device_count.unwrap_or(1))),
-            other => anyhow::bail!("scale_groups.{name}.resources.device_type: unknown {other:?} (cpu, gpu or tpu)"),
+            "gpu" | "tpu" => Some((
+                dtype.clone(),
+                r.device_variant.clone().unwrap_or_default(),
+                r.device_count.unwrap_or(1),
+            )),
+            other => anyhow::bail!(
+                "scale_groups.{name}.resources.device_type: unknown {other:?} (cpu, gpu or tpu)"
+            ),
         };
-        let mut attributes: Vec<(String, String)> = g.attributes.iter().map(|(k, v)| (k.clone(), config::attr_string(v))).collect();
+        let mut attributes: Vec<(String, String)> = g
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), config::attr_string(v)))
+            .collect();
         if let Some(w) = &g.worker {
-            attributes.extend(w.attributes.iter().map(|(k, v)| (k.clone(), config::attr_string(v))));
+            attributes.extend(
+                w.attributes
+                    .iter()
+                    .map(|(k, v)| (k.clone(), config::attr_string(v))),
+            );
         }
-        let preemptible = r.preemptible.unwrap_or(r.capacity_type.as_deref() == Some("preemptible"));
+        let preemptible = r
+            .preemptible
+            .unwrap_or(r.capacity_type.as_deref() == Some("preemptible"));
         attributes.push(("preemptible".into(), preemptible.to_string()));
         attributes.push(("scale-group".into(), name.clone()));
         out.push(GroupPlan {
@@ -135,7 +164,12 @@ fn capacity(g: &GroupPlan) -> GroupCapacity {
         attributes.insert(k.clone(), AttrValue::Str(v.clone()));
     }
     let (dtype, variant, gpu, tpu) = match &g.device {
-        Some((t, v, n)) => (t.clone(), v.to_ascii_lowercase(), if t == "gpu" { *n as i64 } else { 0 }, if t == "tpu" { *n as i64 } else { 0 }),
+        Some((t, v, n)) => (
+            t.clone(),
+            v.to_ascii_lowercase(),
+            if t == "gpu" { *n as i64 } else { 0 },
+            if t == "tpu" { *n as i64 } else { 0 },
+        ),
         None => ("cpu".into(), "cpu".into(), 0, 0),
     };
     attributes.insert("device-type".into(), AttrValue::Str(dtype.clone()));
@@ -144,10 +178,20 @@ fn capacity(g: &GroupPlan) -> GroupCapacity {
         name: g.name.clone(),
         worker: Worker {
             id: g.name.clone(),
-            total: Resources { cpu_millicores: g.cpu as i64 * 1000, memory_bytes: g.memory, disk_bytes: g.disk, gpu, tpu },
+            total: Resources {
+                cpu_millicores: g.cpu as i64 * 1000,
+                memory_bytes: g.memory,
+                disk_bytes: g.disk,
+                gpu,
+                tpu,
+            },
             attributes,
             healthy: true,
-            device_variant: if dtype == "cpu" { String::new() } else { variant },
+            device_variant: if dtype == "cpu" {
+                String::new()
+            } else {
+                variant
+            },
         },
         max_workers: g.max,
     }
@@ -175,7 +219,8 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     ccfg.groups = groups.iter().map(capacity).collect();
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
-    std::fs::write(state_dir.join("controller.url"), &url).context("recording the controller address")?;
+    std::fs::write(state_dir.join("controller.url"), &url)
+        .context("recording the controller address")?;
     println!("Controller started at {url}");
     println!("State dir: {}", state_dir.display());
     let mut workers = Vec::new();
@@ -219,20 +264,38 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
 async fn run_sample(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
     use iris_proto::cluster::controller as c;
     use iris_proto::job;
-    let name = format!("/{}/sample-{}", std::env::var("USER").unwrap_or_else(|_| "root".into()), short_id());
+    let name = format!(
+        "/{}/sample-{}",
+        std::env::var("USER").unwrap_or_else(|_| "root".into()),
+        short_id()
+    );
     let script = "echo \"hello from $IRIS_TASK_ID on $IRIS_WORKER_ID\"; for i in 1 2 3; do echo \"step $i of 3\"; done; echo done";
     let req = c::LaunchJobRequest {
         name,
         entrypoint: Some(job::RuntimeEntrypoint {
-            run_command: Some(job::CommandEntrypoint { argv: vec!["sh".into(), "-c".into(), script.into()] }),
+            run_command: Some(job::CommandEntrypoint {
+                argv: vec!["sh".into(), "-c".into(), script.into()],
+            }),
             ..Default::default()
         }),
-        resources: Some(job::ResourceSpecProto { cpu_millicores: 100, memory_bytes: 1 << 30, disk_bytes: 1 << 30, device: None }),
+        resources: Some(job::ResourceSpecProto {
+            cpu_millicores: 100,
+            memory_bytes: 1 << 30,
+            disk_bytes: 1 << 30,
+            device: None,
+        }),
         replicas: 1,
         max_retries_preemption: 1000,
         ..Default::default()
     };
-    let r: c::LaunchJobResponse = cl.call("iris.cluster.ControllerService", "LaunchJob", &req, Duration::from_secs(60)).await?;
+    let r: c::LaunchJobResponse = cl
+        .call(
+            "iris.cluster.ControllerService",
+            "LaunchJob",
+            &req,
+            Duration::from_secs(60),
+        )
+        .await?;
     println!("Submitted sample job {}", r.job_id);
     let code = crate::stream_sample(cl, &r.job_id).await?;
     Ok(code)
@@ -249,7 +312,8 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     }
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
-    std::fs::write(a.state_dir.join("controller.url"), &url).context("recording the controller address")?;
+    std::fs::write(a.state_dir.join("controller.url"), &url)
+        .context("recording the controller address")?;
     println!("Controller started at {url}");
     shutdown_signal().await;
     ctl.shutdown().await;
@@ -282,27 +346,40 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
                 [t, v, n] if *t == "gpu" || *t == "tpu" => Some((
                     t.to_string(),
                     v.to_string(),
-                    n.parse::<i32>().map_err(|_| anyhow::anyhow!("--device {d:?}: count must be a number"))?,
+                    n.parse::<i32>()
+                        .map_err(|_| anyhow::anyhow!("--device {d:?}: count must be a number"))?,
                 )),
-                _ => anyhow::bail!("--device {d:?}: expected gpu:VARIANT:COUNT or tpu:VARIANT:COUNT"),
+                _ => {
+                    anyhow::bail!("--device {d:?}: expected gpu:VARIANT:COUNT or tpu:VARIANT:COUNT")
+                }
             }
         }
         None => None,
     };
     let mut attributes = Vec::new();
     for kv in &a.attributes {
-        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow::anyhow!("--attribute {kv:?}: expected KEY=VALUE"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--attribute {kv:?}: expected KEY=VALUE"))?;
         attributes.push((k.to_string(), v.to_string()));
     }
-    let id = a.worker_id.clone().unwrap_or_else(|| format!("worker-local-0-{}", short_id()));
-    let cache = a.cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("iris-worker-{id}")));
+    let id = a
+        .worker_id
+        .clone()
+        .unwrap_or_else(|| format!("worker-local-0-{}", short_id()));
+    let cache = a
+        .cache_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("iris-worker-{id}")));
     let w = iris_worker::start(iris_worker::WorkerConfig {
         controller_url: url,
         worker_id: id.clone(),
         bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         cpu_count: a.cpu,
-        memory_bytes: iris_types::resources::parse_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?,
-        disk_bytes: iris_types::resources::parse_bytes(&a.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?,
+        memory_bytes: iris_types::resources::parse_bytes(&a.memory)
+            .map_err(|e| anyhow::anyhow!("--memory: {e}"))?,
+        disk_bytes: iris_types::resources::parse_bytes(&a.disk)
+            .map_err(|e| anyhow::anyhow!("--disk: {e}"))?,
         device,
         attributes,
         scale_group: a.scale_group.clone(),

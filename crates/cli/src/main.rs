@@ -1,5 +1,6 @@
 //! `iris`: the command-line interface, controller, worker and local cluster in one binary.
 
+mod bench;
 mod config;
 mod local;
 mod output;
@@ -15,7 +16,11 @@ use std::io::BufRead;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "iris", version, about = "Iris: a workload scheduler for ML research clusters")]
+#[command(
+    name = "iris",
+    version,
+    about = "Iris: a workload scheduler for ML research clusters"
+)]
 struct Cli {
     /// Controller URL (default: $IRIS_CONTROLLER_URL, else the local cluster's recorded address).
     #[arg(long, global = true, env = "IRIS_CONTROLLER_URL")]
@@ -62,6 +67,9 @@ enum Cmd {
     /// Per-user budgets and maximum bands.
     #[command(subcommand)]
     User(UserCmd),
+    /// Benchmarks against an in-process controller (prints figures).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 #[derive(Subcommand)]
@@ -97,11 +105,11 @@ enum JobCmd {
 
 #[derive(Args)]
 struct RunArgs {
-    #[arg(long, default_value = "0.1")]
+    #[arg(long, default_value = "0.1", allow_negative_numbers = true)]
     cpu: String,
-    #[arg(long, default_value = "1GB")]
+    #[arg(long, default_value = "1GB", allow_negative_numbers = true)]
     memory: String,
-    #[arg(long, default_value = "5GB")]
+    #[arg(long, default_value = "5GB", allow_negative_numbers = true)]
     disk: String,
     /// Accelerators: H100x8, 8, or H100.
     #[arg(long)]
@@ -111,14 +119,14 @@ struct RunArgs {
     /// Accepted for compatibility; GPU and TPU requests need no extra flag here.
     #[arg(long)]
     enable_extra_resources: bool,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     replicas: i64,
     #[arg(long)]
     priority: Option<String>,
     /// Execution timeout in seconds (0 = none).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     timeout: i64,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     max_retries: i64,
     /// Environment variable for the task: `-e KEY VALUE` (repeatable).
     #[arg(short = 'e', long = "env-vars", num_args = 2, value_names = ["KEY", "VALUE"], action = clap::ArgAction::Append)]
@@ -247,7 +255,9 @@ enum BudgetCmd {
         #[arg(long)]
         max_band: Option<String>,
     },
-    Get { user: String },
+    Get {
+        user: String,
+    },
     List,
 }
 
@@ -255,10 +265,16 @@ fn main() {
     let cli = Cli::parse();
     let filter = if cli.verbose { "info" } else { "warn" };
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("IRIS_LOG").unwrap_or_else(|_| filter.into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("IRIS_LOG")
+                .unwrap_or_else(|_| filter.into()),
+        )
         .with_writer(std::io::stderr)
         .try_init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting runtime: {e}");
@@ -287,35 +303,52 @@ pub(crate) fn controller_client(url: &Option<String>) -> anyhow::Result<Client> 
         )?,
     };
     let token = std::env::var("MARIN_CLUSTER_TOKEN").ok();
-    Ok(Client::new(&url).map_err(anyhow::Error::new)?.with_token(token))
+    Ok(Client::new(&url)
+        .map_err(anyhow::Error::new)?
+        .with_token(token))
 }
 
 const SVC: &str = "iris.cluster.ControllerService";
 
-async fn call<Req: prost::Message, Resp: prost::Message + Default>(client: &Client, method: &str, req: &Req) -> Result<Resp, RpcError> {
+async fn call<Req: prost::Message, Resp: prost::Message + Default>(
+    client: &Client,
+    method: &str,
+    req: &Req,
+) -> Result<Resp, RpcError> {
     let timeout = if method == "LaunchJob" { 180 } else { 30 };
-    client.call(SVC, method, req, Duration::from_secs(timeout)).await
+    client
+        .call(SVC, method, req, Duration::from_secs(timeout))
+        .await
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     let url = cli.controller_url.clone();
     match cli.cmd {
         Cmd::Cluster(ClusterCmd::Start(a)) => local::start(a).await,
-        Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Serve(a))) => local::serve_controller(a).await,
+        Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Serve(a))) => {
+            local::serve_controller(a).await
+        }
         Cmd::Worker(WorkerCmd::Serve(a)) => local::serve_worker(a, url).await,
         Cmd::Cluster(ClusterCmd::Status) => {
             let cl = controller_client(&url)?;
-            let w: c::ListWorkersResponse = call(&cl, "ListWorkers", &c::ListWorkersRequest::default()).await?;
+            let w: c::ListWorkersResponse =
+                call(&cl, "ListWorkers", &c::ListWorkersRequest::default()).await?;
             println!("Controller: {}", cl.base());
             output::print_workers(&w.workers);
             Ok(0)
         }
+        Cmd::Bench(b) => bench::run(b).await,
         Cmd::Job(j) => job_cmd(j, url).await,
         Cmd::Task(t) => task_cmd(t, url).await,
         Cmd::Attempt(a) => attempt_cmd(a, url).await,
         Cmd::Query { sql, format } => {
             let cl = controller_client(&url)?;
-            let r: iris_proto::query::RawQueryResponse = call(&cl, "ExecuteRawQuery", &iris_proto::query::RawQueryRequest { sql }).await?;
+            let r: iris_proto::query::RawQueryResponse = call(
+                &cl,
+                "ExecuteRawQuery",
+                &iris_proto::query::RawQueryRequest { sql },
+            )
+            .await?;
             output::print_query(&r, &format)?;
             Ok(0)
         }
@@ -341,21 +374,41 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::User(UserCmd::Budget(b)) => {
             let cl = controller_client(&url)?;
             match b {
-                BudgetCmd::Set { user, limit, max_band } => {
+                BudgetCmd::Set {
+                    user,
+                    limit,
+                    max_band,
+                } => {
                     let band = match max_band {
-                        Some(b) => iris_types::Band::parse(&b).map_err(anyhow::Error::msg)?.code(),
+                        Some(b) => iris_types::Band::parse(&b)
+                            .map_err(anyhow::Error::msg)?
+                            .code(),
                         None => 0,
                     };
-                    let _: c::SetUserBudgetResponse =
-                        call(&cl, "SetUserBudget", &c::SetUserBudgetRequest { user_id: user.clone(), budget_limit: limit, max_band: band }).await?;
+                    let _: c::SetUserBudgetResponse = call(
+                        &cl,
+                        "SetUserBudget",
+                        &c::SetUserBudgetRequest {
+                            user_id: user.clone(),
+                            budget_limit: limit,
+                            max_band: band,
+                        },
+                    )
+                    .await?;
                     println!("Set budget for {user}");
                 }
                 BudgetCmd::Get { user } => {
-                    let r: c::GetUserBudgetResponse = call(&cl, "GetUserBudget", &c::GetUserBudgetRequest { user_id: user }).await?;
+                    let r: c::GetUserBudgetResponse = call(
+                        &cl,
+                        "GetUserBudget",
+                        &c::GetUserBudgetRequest { user_id: user },
+                    )
+                    .await?;
                     output::print_budgets(&[r]);
                 }
                 BudgetCmd::List => {
-                    let r: c::ListUserBudgetsResponse = call(&cl, "ListUserBudgets", &c::ListUserBudgetsRequest {}).await?;
+                    let r: c::ListUserBudgetsResponse =
+                        call(&cl, "ListUserBudgets", &c::ListUserBudgetsRequest {}).await?;
                     output::print_budgets(&r.users);
                 }
             }
@@ -365,7 +418,12 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
 }
 
 fn kebab_to_pascal(s: &str) -> String {
-    if !s.contains('-') && s.chars().next().map(|c| c.is_ascii_uppercase()).unwrap_or(false) {
+    if !s.contains('-')
+        && s.chars()
+            .next()
+            .map(|c| c.is_ascii_uppercase())
+            .unwrap_or(false)
+    {
         return s.to_string();
     }
     s.split(['-', '_'])
@@ -394,21 +452,34 @@ fn resolve_user(flag: &Option<String>) -> anyhow::Result<String> {
 }
 
 fn constraint(key: &str, op: i32, values: &[&str], mode: i32) -> job::Constraint {
-    let v = |s: &str| job::AttributeValue { value: Some(job::attribute_value::Value::StringValue(s.to_string())) };
+    let v = |s: &str| job::AttributeValue {
+        value: Some(job::attribute_value::Value::StringValue(s.to_string())),
+    };
     job::Constraint {
         key: key.into(),
         op,
-        value: if op == 8 { None } else { values.first().map(|s| v(s)) },
-        values: if op == 8 { values.iter().map(|s| v(s)).collect() } else { Vec::new() },
+        value: if op == 8 {
+            None
+        } else {
+            values.first().map(|s| v(s))
+        },
+        values: if op == 8 {
+            values.iter().map(|s| v(s)).collect()
+        } else {
+            Vec::new()
+        },
         mode,
     }
 }
 
 fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     let user = resolve_user(&a.user)?;
-    let cpu = iris_types::resources::parse_cpu(&a.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
-    let memory = iris_types::resources::parse_bytes(&a.memory).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
-    let disk = iris_types::resources::parse_bytes(&a.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?;
+    let cpu =
+        iris_types::resources::parse_cpu(&a.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
+    let memory = iris_types::resources::parse_bytes(&a.memory)
+        .map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+    let disk =
+        iris_types::resources::parse_bytes(&a.disk).map_err(|e| anyhow::anyhow!("--disk: {e}"))?;
     if a.replicas < 1 || a.replicas > 10_000 {
         bail!("--replicas: {} is out of range; use 1 to 10000", a.replicas);
     }
@@ -419,11 +490,16 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         bail!("--max-retries: must not be negative");
     }
     let band = match &a.priority {
-        Some(p) => iris_types::Band::parse(p).map_err(|e| anyhow::anyhow!("--priority: {e}"))?.code(),
+        Some(p) => iris_types::Band::parse(p)
+            .map_err(|e| anyhow::anyhow!("--priority: {e}"))?
+            .code(),
         None => 0,
     };
     if a.env.len() % 2 != 0 {
-        bail!("-e/--env-vars takes KEY VALUE pairs: missing the value for {:?}", a.env.last());
+        bail!(
+            "-e/--env-vars takes KEY VALUE pairs: missing the value for {:?}",
+            a.env.last()
+        );
     }
     let mut env_vars = std::collections::BTreeMap::new();
     for kv in a.env.chunks(2) {
@@ -432,17 +508,30 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         }
         env_vars.insert(kv[0].clone(), kv[1].clone());
     }
-    let mut device = job::DeviceConfig { device: Some(job::device_config::Device::Cpu(job::CpuDevice { variant: "cpu".into() })) };
+    let mut device = job::DeviceConfig {
+        device: Some(job::device_config::Device::Cpu(job::CpuDevice {
+            variant: "cpu".into(),
+        })),
+    };
     let mut cpu = cpu;
     let mut accel = false;
     if let Some(g) = &a.gpu {
         let s = iris_types::resources::parse_gpu(g).map_err(anyhow::Error::msg)?;
-        device = job::DeviceConfig { device: Some(job::device_config::Device::Gpu(job::GpuDevice { variant: s.variant, count: s.count })) };
+        device = job::DeviceConfig {
+            device: Some(job::device_config::Device::Gpu(job::GpuDevice {
+                variant: s.variant,
+                count: s.count,
+            })),
+        };
         accel = true;
     }
     if let Some(t) = &a.tpu {
         device = job::DeviceConfig {
-            device: Some(job::device_config::Device::Tpu(job::TpuDevice { variant: t.clone(), topology: String::new(), count: 4 })),
+            device: Some(job::device_config::Device::Tpu(job::TpuDevice {
+                variant: t.clone(),
+                topology: String::new(),
+                count: 4,
+            })),
         };
         accel = true;
     }
@@ -453,7 +542,12 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     match a.region.len() {
         0 => {}
         1 => constraints.push(constraint("region", 0, &[a.region[0].as_str()], 0)),
-        _ => constraints.push(constraint("region", 8, &a.region.iter().map(|s| s.as_str()).collect::<Vec<_>>(), 0)),
+        _ => constraints.push(constraint(
+            "region",
+            8,
+            &a.region.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+            0,
+        )),
     }
     if let Some(z) = &a.zone {
         constraints.push(constraint("zone", 0, &[z.as_str()], 0));
@@ -464,7 +558,9 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         constraints.push(constraint("preemptible", 0, &["false"], 0));
     }
     for kv in &a.constraint {
-        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow::anyhow!("--constraint {kv:?}: expected KEY=VALUE"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--constraint {kv:?}: expected KEY=VALUE"))?;
         constraints.push(constraint(k, 0, &[v], 0));
     }
     let name = match &a.job_name {
@@ -479,9 +575,16 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
                 .command
                 .iter()
                 .find(|x| x.ends_with(".py"))
-                .and_then(|p| std::path::Path::new(p).file_stem().map(|s| s.to_string_lossy().to_string()))
+                .and_then(|p| {
+                    std::path::Path::new(p)
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().to_string())
+                })
                 .unwrap_or_else(|| "job".into());
-            format!("iris-run-{stem}-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))
+            format!(
+                "iris-run-{stem}-{}",
+                chrono::Utc::now().format("%Y%m%d-%H%M%S")
+            )
         }
     };
     let full = match std::env::var("IRIS_TASK_ID") {
@@ -493,24 +596,39 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         Err(_) => format!("/{user}/{name}"),
     };
     iris_types::JobName::parse(&full).map_err(|e| anyhow::anyhow!("job name: {e}"))?;
-    let coscheduling = a.group_by.as_ref().map(|g| job::CoschedulingConfig { group_by: g.clone() });
+    let coscheduling = a.group_by.as_ref().map(|g| job::CoschedulingConfig {
+        group_by: g.clone(),
+    });
     Ok(c::LaunchJobRequest {
         name: full,
         entrypoint: Some(job::RuntimeEntrypoint {
             setup_commands: Vec::new(),
-            run_command: Some(job::CommandEntrypoint { argv: a.command.clone() }),
+            run_command: Some(job::CommandEntrypoint {
+                argv: a.command.clone(),
+            }),
             workdir_files: Default::default(),
             workdir_file_refs: Default::default(),
         }),
-        resources: Some(job::ResourceSpecProto { cpu_millicores: cpu, memory_bytes: memory, disk_bytes: disk, device: Some(device) }),
-        environment: Some(job::EnvironmentConfig { env_vars, secrets: Default::default(), setup_scripts: Vec::new() }),
+        resources: Some(job::ResourceSpecProto {
+            cpu_millicores: cpu,
+            memory_bytes: memory,
+            disk_bytes: disk,
+            device: Some(device),
+        }),
+        environment: Some(job::EnvironmentConfig {
+            env_vars,
+            secrets: Default::default(),
+            setup_scripts: Vec::new(),
+        }),
         replicas: a.replicas as i32,
         max_retries_failure: a.max_retries as i32,
         max_task_failures: a.max_retries as i32,
         max_retries_preemption: 1000,
         constraints,
         coscheduling,
-        timeout: (a.timeout > 0).then_some(iris_proto::time::Duration { milliseconds: a.timeout * 1000 }),
+        timeout: (a.timeout > 0).then_some(iris_proto::time::Duration {
+            milliseconds: a.timeout * 1000,
+        }),
         priority_band: band,
         submit_argv: std::env::args().collect(),
         ..Default::default()
@@ -525,7 +643,11 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
             if !a.no_bundle {
                 let cwd = std::env::current_dir()?;
                 let (zip, n) = workspace::bundle(&cwd, &a.include, &a.exclude)?;
-                eprintln!("Bundled {n} files from {} ({} bytes)", cwd.display(), zip.len());
+                eprintln!(
+                    "Bundled {n} files from {} ({} bytes)",
+                    cwd.display(),
+                    zip.len()
+                );
                 req.bundle_blob = zip;
             }
             let r: c::LaunchJobResponse = call(&cl, "LaunchJob", &req).await?;
@@ -536,7 +658,11 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
             eprintln!("Submitted {}", r.job_id);
             stream_until_done(&cl, &r.job_id, true).await
         }
-        JobCmd::List { state, prefix, limit } => {
+        JobCmd::List {
+            state,
+            prefix,
+            limit,
+        } => {
             let cl = controller_client(&url)?;
             let mut jobs = Vec::new();
             let mut offset = 0;
@@ -548,7 +674,8 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
                     limit: limit.clamp(1, 500),
                     ..Default::default()
                 };
-                let r: c::ListJobsResponse = call(&cl, "ListJobs", &c::ListJobsRequest { query: Some(q) }).await?;
+                let r: c::ListJobsResponse =
+                    call(&cl, "ListJobs", &c::ListJobsRequest { query: Some(q) }).await?;
                 offset += r.jobs.len() as i32;
                 jobs.extend(r.jobs);
                 if !r.has_more || jobs.len() as i32 >= limit {
@@ -561,8 +688,16 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
         }
         JobCmd::Describe { job_id } => {
             let cl = controller_client(&url)?;
-            let s: c::GetJobStatusResponse = call(&cl, "GetJobStatus", &c::GetJobStatusRequest { job_id: job_id.clone() }).await?;
-            let t: c::ListTasksResponse = call(&cl, "ListTasks", &c::ListTasksRequest { job_id }).await?;
+            let s: c::GetJobStatusResponse = call(
+                &cl,
+                "GetJobStatus",
+                &c::GetJobStatusRequest {
+                    job_id: job_id.clone(),
+                },
+            )
+            .await?;
+            let t: c::ListTasksResponse =
+                call(&cl, "ListTasks", &c::ListTasksRequest { job_id }).await?;
             output::print_job(&s.job.unwrap_or_default(), &t.tasks);
             Ok(0)
         }
@@ -577,9 +712,19 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
             let mut targets = Vec::new();
             for id in ids {
                 if b.prefix {
-                    let q = c::JobQuery { job_id_prefix: id, limit: 500, ..Default::default() };
-                    let r: c::ListJobsResponse = call(&cl, "ListJobs", &c::ListJobsRequest { query: Some(q) }).await?;
-                    targets.extend(r.jobs.into_iter().filter(|j| !(4..=8).contains(&j.state)).map(|j| j.job_id));
+                    let q = c::JobQuery {
+                        job_id_prefix: id,
+                        limit: 500,
+                        ..Default::default()
+                    };
+                    let r: c::ListJobsResponse =
+                        call(&cl, "ListJobs", &c::ListJobsRequest { query: Some(q) }).await?;
+                    targets.extend(
+                        r.jobs
+                            .into_iter()
+                            .filter(|j| !(4..=8).contains(&j.state))
+                            .map(|j| j.job_id),
+                    );
                 } else {
                     targets.push(id);
                 }
@@ -590,7 +735,13 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
                     println!("Would cancel {t}");
                     continue;
                 }
-                match call::<_, job::Empty>(&cl, "TerminateJob", &c::TerminateJobRequest { job_id: t.clone() }).await {
+                match call::<_, job::Empty>(
+                    &cl,
+                    "TerminateJob",
+                    &c::TerminateJobRequest { job_id: t.clone() },
+                )
+                .await
+                {
                     Ok(_) => println!("Cancelled {t}"),
                     Err(e) if e.code == Code::NotFound => {
                         eprintln!("error: job {t} not found");
@@ -603,21 +754,38 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
         }
         JobCmd::Complete { job_id } => {
             let cl = controller_client(&url)?;
-            let _: job::Empty = call(&cl, "CompleteJob", &c::CompleteJobRequest { job_id: job_id.clone() }).await?;
+            let _: job::Empty = call(
+                &cl,
+                "CompleteJob",
+                &c::CompleteJobRequest {
+                    job_id: job_id.clone(),
+                },
+            )
+            .await?;
             println!("Completed {job_id}");
             Ok(0)
         }
         JobCmd::Wait { job_id } => {
             let cl = controller_client(&url)?;
             let st = wait_terminal(&cl, &job_id).await?;
-            let name = iris_types::JobState::from_code(st).map(|s| s.friendly()).unwrap_or("unknown");
+            let name = iris_types::JobState::from_code(st)
+                .map(|s| s.friendly())
+                .unwrap_or("unknown");
             println!("{name}");
             Ok(if st == 4 { 0 } else { 1 })
         }
         JobCmd::Summary { job_id, json } => {
             let cl = controller_client(&url)?;
-            let s: c::GetJobStatusResponse = call(&cl, "GetJobStatus", &c::GetJobStatusRequest { job_id: job_id.clone() }).await?;
-            let t: c::ListTasksResponse = call(&cl, "ListTasks", &c::ListTasksRequest { job_id }).await?;
+            let s: c::GetJobStatusResponse = call(
+                &cl,
+                "GetJobStatus",
+                &c::GetJobStatusRequest {
+                    job_id: job_id.clone(),
+                },
+            )
+            .await?;
+            let t: c::ListTasksResponse =
+                call(&cl, "ListTasks", &c::ListTasksRequest { job_id }).await?;
             let v = output::summary_json(&s.job.unwrap_or_default(), &t.tasks);
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
@@ -632,7 +800,14 @@ async fn job_cmd(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
 async fn wait_terminal(cl: &Client, job_id: &str) -> anyhow::Result<i32> {
     let mut delay = Duration::from_millis(50);
     loop {
-        let r: c::GetJobStateResponse = call(cl, "GetJobState", &c::GetJobStateRequest { job_ids: vec![job_id.to_string()] }).await?;
+        let r: c::GetJobStateResponse = call(
+            cl,
+            "GetJobState",
+            &c::GetJobStateRequest {
+                job_ids: vec![job_id.to_string()],
+            },
+        )
+        .await?;
         match r.states.get(job_id) {
             None => bail!("job {job_id} not found"),
             Some(s) if (4..=8).contains(s) => return Ok(*s),
@@ -643,23 +818,37 @@ async fn wait_terminal(cl: &Client, job_id: &str) -> anyhow::Result<i32> {
     }
 }
 
-async fn stream_until_done(cl: &Client, job_id: &str, cancel_on_ctrl_c: bool) -> anyhow::Result<i32> {
+async fn stream_until_done(
+    cl: &Client,
+    job_id: &str,
+    cancel_on_ctrl_c: bool,
+) -> anyhow::Result<i32> {
     let src = format!("{job_id}/");
     let mut cursor = 0i64;
     let mut delay = Duration::from_millis(50);
     let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
     loop {
-        let st: c::GetJobStateResponse = call(cl, "GetJobState", &c::GetJobStateRequest { job_ids: vec![job_id.to_string()] }).await?;
+        let st: c::GetJobStateResponse = call(
+            cl,
+            "GetJobState",
+            &c::GetJobStateRequest {
+                job_ids: vec![job_id.to_string()],
+            },
+        )
+        .await?;
         let state = st.states.get(job_id).copied().unwrap_or(0);
         let terminal = (4..=8).contains(&state);
         loop {
-            let r: fl::FetchLogsResponse = fetch_logs(cl, &fl::FetchLogsRequest {
-                source: src.clone(),
-                match_scope: 2,
-                cursor,
-                max_lines: 1000,
-                ..Default::default()
-            })
+            let r: fl::FetchLogsResponse = fetch_logs(
+                cl,
+                &fl::FetchLogsRequest {
+                    source: src.clone(),
+                    match_scope: 2,
+                    cursor,
+                    max_lines: 1000,
+                    ..Default::default()
+                },
+            )
             .await?;
             for e in &r.entries {
                 eprintln!("task={} | {}", e.key, e.data);
@@ -674,9 +863,18 @@ async fn stream_until_done(cl: &Client, job_id: &str, cancel_on_ctrl_c: bool) ->
             }
         }
         if terminal {
-            let s: c::GetJobStatusResponse = call(cl, "GetJobStatus", &c::GetJobStatusRequest { job_id: job_id.to_string() }).await?;
+            let s: c::GetJobStatusResponse = call(
+                cl,
+                "GetJobStatus",
+                &c::GetJobStatusRequest {
+                    job_id: job_id.to_string(),
+                },
+            )
+            .await?;
             let j = s.job.unwrap_or_default();
-            let name = iris_types::JobState::from_code(state).map(|s| s.friendly()).unwrap_or("unknown");
+            let name = iris_types::JobState::from_code(state)
+                .map(|s| s.friendly())
+                .unwrap_or("unknown");
             if j.error.is_empty() {
                 eprintln!("Job {job_id} {name}");
             } else {
@@ -702,11 +900,26 @@ pub(crate) async fn stream_sample(cl: &Client, job_id: &str) -> anyhow::Result<i
     Ok(code)
 }
 
-pub(crate) async fn fetch_logs(cl: &Client, req: &fl::FetchLogsRequest) -> Result<fl::FetchLogsResponse, RpcError> {
-    cl.call("finelog.logging.LogService", "FetchLogs", req, Duration::from_secs(30)).await
+pub(crate) async fn fetch_logs(
+    cl: &Client,
+    req: &fl::FetchLogsRequest,
+) -> Result<fl::FetchLogsResponse, RpcError> {
+    cl.call(
+        "finelog.logging.LogService",
+        "FetchLogs",
+        req,
+        Duration::from_secs(30),
+    )
+    .await
 }
 
-async fn logs(cl: &Client, l: &LogArgs, source: &str, scope: i32, job_for_follow: Option<&str>) -> anyhow::Result<i32> {
+async fn logs(
+    cl: &Client,
+    l: &LogArgs,
+    source: &str,
+    scope: i32,
+    job_for_follow: Option<&str>,
+) -> anyhow::Result<i32> {
     if let Some(r) = &l.regex {
         if let Err(e) = regex_check(r) {
             bail!("--regex {r:?}: {e}");
@@ -742,8 +955,20 @@ async fn logs(cl: &Client, l: &LogArgs, source: &str, scope: i32, job_for_follow
         req.cursor = r.cursor;
         if r.entries.is_empty() {
             if let Some(j) = job_for_follow {
-                let st: c::GetJobStateResponse = call(cl, "GetJobState", &c::GetJobStateRequest { job_ids: vec![j.to_string()] }).await?;
-                if st.states.get(j).map(|s| (4..=8).contains(s)).unwrap_or(true) {
+                let st: c::GetJobStateResponse = call(
+                    cl,
+                    "GetJobState",
+                    &c::GetJobStateRequest {
+                        job_ids: vec![j.to_string()],
+                    },
+                )
+                .await?;
+                if st
+                    .states
+                    .get(j)
+                    .map(|s| (4..=8).contains(s))
+                    .unwrap_or(true)
+                {
                     return Ok(0);
                 }
             }
@@ -771,7 +996,12 @@ fn bulk_ids(b: &BulkArgs) -> anyhow::Result<Vec<String>> {
     if b.stdin {
         for line in std::io::stdin().lock().lines() {
             let line = line?;
-            let first = line.split(',').next().unwrap_or("").trim().trim_matches('"');
+            let first = line
+                .split(',')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .trim_matches('"');
             if first.starts_with('/') {
                 ids.push(first.to_string());
             }
@@ -787,20 +1017,32 @@ async fn kick(cl: &Client, b: &BulkArgs, desired: i32) -> anyhow::Result<i32> {
     let ids = bulk_ids(b)?;
     if b.dry_run {
         for i in &ids {
-            println!("Would {} {i}", if desired == 10 { "preempt" } else { "fail" });
+            println!(
+                "Would {} {i}",
+                if desired == 10 { "preempt" } else { "fail" }
+            );
         }
         return Ok(0);
     }
-    let r: c::KickTasksResponse = call(cl, "KickTasks", &c::KickTasksRequest {
-        targets: ids,
-        desired_state: desired,
-        reason: b.reason.clone().unwrap_or_default(),
-    })
+    let r: c::KickTasksResponse = call(
+        cl,
+        "KickTasks",
+        &c::KickTasksRequest {
+            targets: ids,
+            desired_state: desired,
+            reason: b.reason.clone().unwrap_or_default(),
+        },
+    )
     .await?;
     let mut bad = 0;
     for x in r.results {
         if x.queued {
-            println!("{} {}: {}", if desired == 10 { "Preempted" } else { "Failed" }, x.task_id, x.detail);
+            println!(
+                "{} {}: {}",
+                if desired == 10 { "Preempted" } else { "Failed" },
+                x.task_id,
+                x.detail
+            );
         } else {
             bad += 1;
             eprintln!("{}: {}", x.target, x.detail);
@@ -813,12 +1055,14 @@ async fn task_cmd(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> {
     let cl = controller_client(&url)?;
     match t {
         TaskCmd::List { job_id } => {
-            let r: c::ListTasksResponse = call(&cl, "ListTasks", &c::ListTasksRequest { job_id }).await?;
+            let r: c::ListTasksResponse =
+                call(&cl, "ListTasks", &c::ListTasksRequest { job_id }).await?;
             output::print_tasks(&r.tasks);
             Ok(0)
         }
         TaskCmd::Describe { task_id } => {
-            let r: c::GetTaskStatusResponse = call(&cl, "GetTaskStatus", &c::GetTaskStatusRequest { task_id }).await?;
+            let r: c::GetTaskStatusResponse =
+                call(&cl, "GetTaskStatus", &c::GetTaskStatusRequest { task_id }).await?;
             output::print_task(&r.task.unwrap_or_default());
             Ok(0)
         }
@@ -832,7 +1076,12 @@ async fn task_cmd(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> {
                 "SELECT ts_ms, attempt_id, type, reason, message, source FROM task_events WHERE task_id = '{}' ORDER BY id",
                 task_id.replace('\'', "''")
             );
-            let r: iris_proto::query::RawQueryResponse = call(&cl, "ExecuteRawQuery", &iris_proto::query::RawQueryRequest { sql }).await?;
+            let r: iris_proto::query::RawQueryResponse = call(
+                &cl,
+                "ExecuteRawQuery",
+                &iris_proto::query::RawQueryRequest { sql },
+            )
+            .await?;
             output::print_events(&r)?;
             Ok(0)
         }
@@ -845,8 +1094,16 @@ async fn attempt_cmd(a: AttemptCmd, url: Option<String>) -> anyhow::Result<i32> 
     let cl = controller_client(&url)?;
     match a {
         AttemptCmd::Describe { attempt_id } => {
-            let id = iris_types::AttemptId::parse(&attempt_id).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let r: c::GetTaskStatusResponse = call(&cl, "GetTaskStatus", &c::GetTaskStatusRequest { task_id: id.task.to_string() }).await?;
+            let id =
+                iris_types::AttemptId::parse(&attempt_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let r: c::GetTaskStatusResponse = call(
+                &cl,
+                "GetTaskStatus",
+                &c::GetTaskStatusRequest {
+                    task_id: id.task.to_string(),
+                },
+            )
+            .await?;
             let t = r.task.unwrap_or_default();
             let att = t
                 .attempts

@@ -5,10 +5,14 @@ use iris_proto::job;
 use iris_types::{JobState, TaskState};
 
 fn job_state(s: i32) -> &'static str {
-    JobState::from_code(s).map(|s| s.friendly()).unwrap_or("unknown")
+    JobState::from_code(s)
+        .map(|s| s.friendly())
+        .unwrap_or("unknown")
 }
 fn task_state(s: i32) -> &'static str {
-    TaskState::from_code(s).map(|s| s.friendly()).unwrap_or("unknown")
+    TaskState::from_code(s)
+        .map(|s| s.friendly())
+        .unwrap_or("unknown")
 }
 
 fn fmt_ts(t: Option<&iris_proto::time::Timestamp>) -> String {
@@ -27,7 +31,11 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
         }
     }
     let line = |cells: Vec<String>| {
-        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{:<width$}", c, width = w[i])).collect();
+        let s: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{:<width$}", c, width = w[i]))
+            .collect();
         println!("{}", s.join("  ").trim_end());
     };
     line(headers.iter().map(|s| s.to_string()).collect());
@@ -48,8 +56,17 @@ pub fn print_jobs(jobs: &[job::JobStatus]) {
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|j| {
-            let reason = if !j.error.is_empty() { &j.error } else { &j.pending_reason };
-            vec![j.job_id.clone(), job_state(j.state).into(), fmt_ts(j.submitted_at.as_ref()), cut(reason, 63)]
+            let reason = if !j.error.is_empty() {
+                &j.error
+            } else {
+                &j.pending_reason
+            };
+            vec![
+                j.job_id.clone(),
+                job_state(j.state).into(),
+                fmt_ts(j.submitted_at.as_ref()),
+                cut(reason, 63),
+            ]
         })
         .collect();
     table(&["JOB ID", "STATE", "SUBMITTED", "REASON"], &rows);
@@ -70,9 +87,16 @@ fn iris_now() -> i64 {
 pub fn print_job(j: &job::JobStatus, tasks: &[job::TaskStatus]) {
     println!("Job: {} ({})", j.job_id, j.name);
     println!("State: {}", job_state(j.state));
-    let counts: Vec<String> = j.task_state_counts.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let counts: Vec<String> = j
+        .task_state_counts
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     println!("Tasks: {} ({})", j.task_count, counts.join(", "));
-    println!("Failures: {}  Preemptions: {}", j.failure_count, j.preemption_count);
+    println!(
+        "Failures: {}  Preemptions: {}",
+        j.failure_count, j.preemption_count
+    );
     if !j.error.is_empty() {
         println!("Error: {}", j.error);
     } else if !j.pending_reason.is_empty() {
@@ -86,8 +110,19 @@ pub fn print_tasks(tasks: &[job::TaskStatus]) {
     let rows: Vec<Vec<String>> = tasks
         .iter()
         .map(|t| {
-            let exit = if TaskState::from_code(t.state).map(|s| s.is_terminal()).unwrap_or(false) { t.exit_code.to_string() } else { "-".into() };
-            let diag = if !t.error.is_empty() { t.error.clone() } else { t.pending_reason.clone() };
+            let exit = if TaskState::from_code(t.state)
+                .map(|s| s.is_terminal())
+                .unwrap_or(false)
+            {
+                t.exit_code.to_string()
+            } else {
+                "-".into()
+            };
+            let diag = if !t.error.is_empty() {
+                t.error.clone()
+            } else {
+                t.pending_reason.clone()
+            };
             vec![
                 t.task_id.clone(),
                 task_state(t.state).into(),
@@ -99,13 +134,31 @@ pub fn print_tasks(tasks: &[job::TaskStatus]) {
             ]
         })
         .collect();
-    table(&["TASK", "STATE", "EXIT", "DURATION", "ATTEMPTS", "WORKER", "DIAGNOSTIC"], &rows);
+    table(
+        &[
+            "TASK",
+            "STATE",
+            "EXIT",
+            "DURATION",
+            "ATTEMPTS",
+            "WORKER",
+            "DIAGNOSTIC",
+        ],
+        &rows,
+    );
 }
 
 pub fn print_task(t: &job::TaskStatus) {
     println!("Task: {}", t.task_id);
     println!("State: {}", task_state(t.state));
-    println!("Worker: {}", if t.worker_id.is_empty() { "-" } else { &t.worker_id });
+    println!(
+        "Worker: {}",
+        if t.worker_id.is_empty() {
+            "-"
+        } else {
+            &t.worker_id
+        }
+    );
     if !t.error.is_empty() {
         println!("Error: {}", t.error);
     }
@@ -127,7 +180,10 @@ pub fn print_task(t: &job::TaskStatus) {
             ]
         })
         .collect();
-    table(&["ATTEMPT", "UID", "STATE", "EXIT", "WORKER", "REASON"], &rows);
+    table(
+        &["ATTEMPT", "UID", "STATE", "EXIT", "WORKER", "REASON"],
+        &rows,
+    );
     if let Some(last) = t.attempts.iter().rev().find(|a| !a.error.is_empty()) {
         println!();
         println!("Root cause: {}", last.error);
@@ -165,13 +221,21 @@ pub fn print_workers(ws: &[iris_proto::cluster::controller::WorkerHealthStatus])
         .map(|w| {
             let md = w.metadata.clone().unwrap_or_default();
             let dev = match md.device.and_then(|d| d.device) {
-                Some(job::device_config::Device::Gpu(g)) => format!("gpu {}x{}", g.variant, g.count),
-                Some(job::device_config::Device::Tpu(t)) => format!("tpu {}x{}", t.variant, t.count),
+                Some(job::device_config::Device::Gpu(g)) => {
+                    format!("gpu {}x{}", g.variant, g.count)
+                }
+                Some(job::device_config::Device::Tpu(t)) => {
+                    format!("tpu {}x{}", t.variant, t.count)
+                }
                 _ => "cpu".into(),
             };
             vec![
                 w.worker_id.clone(),
-                if w.healthy { "healthy".into() } else { "unhealthy".into() },
+                if w.healthy {
+                    "healthy".into()
+                } else {
+                    "unhealthy".into()
+                },
                 w.address.clone(),
                 md.cpu_count.to_string(),
                 format!("{}GiB", md.memory_bytes >> 30),
@@ -180,7 +244,12 @@ pub fn print_workers(ws: &[iris_proto::cluster::controller::WorkerHealthStatus])
             ]
         })
         .collect();
-    table(&["WORKER", "HEALTH", "ADDRESS", "CPU", "MEMORY", "DEVICE", "JOBS"], &rows);
+    table(
+        &[
+            "WORKER", "HEALTH", "ADDRESS", "CPU", "MEMORY", "DEVICE", "JOBS",
+        ],
+        &rows,
+    );
 }
 
 pub fn print_budgets(us: &[iris_proto::cluster::controller::GetUserBudgetResponse]) {
@@ -189,9 +258,16 @@ pub fn print_budgets(us: &[iris_proto::cluster::controller::GetUserBudgetRespons
         .map(|u| {
             vec![
                 u.user_id.clone(),
-                if u.budget_limit == 0 { "unlimited".into() } else { u.budget_limit.to_string() },
+                if u.budget_limit == 0 {
+                    "unlimited".into()
+                } else {
+                    u.budget_limit.to_string()
+                },
                 u.budget_spent.to_string(),
-                iris_types::Band::from_code(u.max_band).map(|b| b.name()).unwrap_or("interactive").into(),
+                iris_types::Band::from_code(u.max_band)
+                    .map(|b| b.name())
+                    .unwrap_or("interactive")
+                    .into(),
             ]
         })
         .collect();
@@ -217,15 +293,29 @@ pub fn print_query(r: &iris_proto::query::RawQueryResponse, format: &str) -> any
         "json" => {
             let objs: Vec<serde_json::Value> = rows
                 .iter()
-                .map(|r| serde_json::Value::Object(cols.iter().cloned().zip(r.iter().cloned()).collect()))
+                .map(|r| {
+                    serde_json::Value::Object(cols.iter().cloned().zip(r.iter().cloned()).collect())
+                })
                 .collect();
             println!("{}", serde_json::to_string_pretty(&objs)?);
         }
         "csv" => {
-            let esc = |s: String| if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s };
-            println!("{}", cols.iter().cloned().map(esc).collect::<Vec<_>>().join(","));
+            let esc = |s: String| {
+                if s.contains([',', '"', '\n']) {
+                    format!("\"{}\"", s.replace('"', "\"\""))
+                } else {
+                    s
+                }
+            };
+            println!(
+                "{}",
+                cols.iter().cloned().map(esc).collect::<Vec<_>>().join(",")
+            );
             for r in &rows {
-                println!("{}", r.iter().map(|v| esc(cell(v))).collect::<Vec<_>>().join(","));
+                println!(
+                    "{}",
+                    r.iter().map(|v| esc(cell(v))).collect::<Vec<_>>().join(",")
+                );
             }
         }
         _ => {
@@ -241,18 +331,35 @@ pub fn print_events(r: &iris_proto::query::RawQueryResponse) -> anyhow::Result<(
     let mut rows = Vec::new();
     for s in &r.rows {
         let v: Vec<serde_json::Value> = serde_json::from_str(s)?;
-        let ts = v.first().and_then(|x| x.as_i64()).and_then(chrono::DateTime::from_timestamp_millis)
-            .map(|d| d.format("%H:%M:%S%.3f").to_string()).unwrap_or_default();
-        rows.push(vec![ts, v.get(1).map(cell).unwrap_or_default(), v.get(2).map(cell).unwrap_or_default(),
-            v.get(3).map(cell).unwrap_or_default(), v.get(4).map(cell).unwrap_or_default(), v.get(5).map(cell).unwrap_or_default()]);
+        let ts = v
+            .first()
+            .and_then(|x| x.as_i64())
+            .and_then(chrono::DateTime::from_timestamp_millis)
+            .map(|d| d.format("%H:%M:%S%.3f").to_string())
+            .unwrap_or_default();
+        rows.push(vec![
+            ts,
+            v.get(1).map(cell).unwrap_or_default(),
+            v.get(2).map(cell).unwrap_or_default(),
+            v.get(3).map(cell).unwrap_or_default(),
+            v.get(4).map(cell).unwrap_or_default(),
+            v.get(5).map(cell).unwrap_or_default(),
+        ]);
     }
-    table(&["TIME", "ATTEMPT", "TYPE", "REASON", "MESSAGE", "SOURCE"], &rows);
+    table(
+        &["TIME", "ATTEMPT", "TYPE", "REASON", "MESSAGE", "SOURCE"],
+        &rows,
+    );
     Ok(())
 }
 
 pub fn summary_json(j: &job::JobStatus, tasks: &[job::TaskStatus]) -> serde_json::Value {
     let ts = |t: &Option<iris_proto::time::Timestamp>| t.as_ref().map(|t| t.epoch_ms);
-    let exit = tasks.iter().find(|t| t.state == 5).map(|t| t.exit_code).unwrap_or(0);
+    let exit = tasks
+        .iter()
+        .find(|t| t.state == 5)
+        .map(|t| t.exit_code)
+        .unwrap_or(0);
     serde_json::json!({
         "job_id": j.job_id,
         "state": job_state(j.state),

@@ -5,6 +5,7 @@
 //! Architecture invariant: state changes are committed before any effect reaches a worker;
 //! workers only learn intent from the committed desired set (see `reconcile`).
 
+mod accounts;
 mod reconcile;
 mod service;
 pub mod spec;
@@ -74,6 +75,8 @@ pub struct Controller {
     db: Mutex<Connection>,
     logs: Mutex<Connection>,
     readonly: Mutex<Connection>,
+    /// The tick's snapshot reader (WAL: reads never block the writer).
+    snap: Mutex<Connection>,
     wake: Notify,
     workers: Mutex<HashMap<String, WorkerLink>>,
     specs: Mutex<HashMap<String, Arc<JobSpec>>>,
@@ -100,14 +103,19 @@ impl Controller {
             .with_context(|| format!("creating state dir {}", cfg.state_dir.display()))?;
         std::fs::create_dir_all(cfg.state_dir.join("bundles"))?;
         let db_path = cfg.state_dir.join("controller.sqlite3");
-        let db = iris_store::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
-        let logs = iris_store::logs::open(&cfg.state_dir.join("logs.sqlite3")).context("opening log store")?;
-        let readonly = iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
+        let db =
+            iris_store::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
+        let logs = iris_store::logs::open(&cfg.state_dir.join("logs.sqlite3"))
+            .context("opening log store")?;
+        let readonly =
+            iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
+        let snap = iris_store::open(&db_path).context("opening snapshot connection")?;
         Ok(Arc::new_cyclic(|me| Controller {
             cfg,
             db: Mutex::new(db),
             logs: Mutex::new(logs),
             readonly: Mutex::new(readonly),
+            snap: Mutex::new(snap),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),
             specs: Mutex::new(HashMap::new()),
@@ -140,9 +148,13 @@ impl Controller {
             .and_then(|mut st| st.query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional())
             .map_err(internal)?
         };
-        let Some((blob, band, user, depth)) = row else { return Ok(None) };
-        let req = <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(blob.as_slice())
-            .map_err(|e| RpcError::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
+        let Some((blob, band, user, depth)) = row else {
+            return Ok(None);
+        };
+        let req = <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(
+            blob.as_slice(),
+        )
+        .map_err(|e| RpcError::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
         let band = iris_types::Band::from_code(band).unwrap_or(iris_types::Band::Interactive);
         let spec = Arc::new(JobSpec::from_request(req, band, user, depth as u32));
         lock(&self.specs).insert(job_id.to_string(), spec.clone());
@@ -150,7 +162,8 @@ impl Controller {
     }
 
     fn forget_spec(&self, job_id: &str) {
-        lock(&self.specs).retain(|k, _| k != job_id && !k.starts_with(&format!("{job_id}/")));
+        let prefix = format!("{job_id}/");
+        lock(&self.specs).retain(|k, _| k != job_id && !k.starts_with(&prefix));
     }
 
     /// The controller's URL as workers and clients reach it.
@@ -200,11 +213,14 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     reconcile::start_known_workers(&ctl, rx.clone())?;
     let mut srx = rx.clone();
     let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .with_graceful_shutdown(async move {
-                let _ = srx.wait_for(|v| *v).await;
-            })
-            .await;
+        let _ = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = srx.wait_for(|v| *v).await;
+        })
+        .await;
     });
     Ok(RunningController {
         controller: ctl,

@@ -17,12 +17,20 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// Inserts or updates a worker and its attributes.
-pub(crate) fn upsert_worker(tx: &Connection, req: &c::RegisterRequest, md: &job::WorkerMetadata) -> iris_store::rusqlite::Result<()> {
+pub(crate) fn upsert_worker(
+    tx: &Connection,
+    req: &c::RegisterRequest,
+    md: &job::WorkerMetadata,
+) -> iris_store::rusqlite::Result<()> {
     let (dtype, variant, gpu, tpu) = crate::spec::device_of(Some(&job::ResourceSpecProto {
         device: md.device.clone(),
         ..Default::default()
     }));
-    let variant = if dtype == "cpu" { "cpu".to_string() } else { variant };
+    let variant = if dtype == "cpu" {
+        "cpu".to_string()
+    } else {
+        variant
+    };
     let now = iris_store::now_ms();
     tx.execute(
         "INSERT INTO workers(worker_id, address, md_hostname, md_ip_address, md_cpu_count, md_memory_bytes, md_disk_bytes,
@@ -58,10 +66,22 @@ pub(crate) fn upsert_worker(tx: &Connection, req: &c::RegisterRequest, md: &job:
             prost::Message::encode_to_vec(md),
         ],
     )?;
-    tx.execute("DELETE FROM worker_attributes WHERE worker_id = ?1", [&req.worker_id])?;
-    let mut attrs: Vec<(String, job::AttributeValue)> = md.attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let s = |v: &str| job::AttributeValue { value: Some(job::attribute_value::Value::StringValue(v.into())) };
-    for (k, v) in [("device-type", dtype.to_string()), ("device-variant", variant.to_ascii_lowercase())] {
+    tx.execute(
+        "DELETE FROM worker_attributes WHERE worker_id = ?1",
+        [&req.worker_id],
+    )?;
+    let mut attrs: Vec<(String, job::AttributeValue)> = md
+        .attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let s = |v: &str| job::AttributeValue {
+        value: Some(job::attribute_value::Value::StringValue(v.into())),
+    };
+    for (k, v) in [
+        ("device-type", dtype.to_string()),
+        ("device-variant", variant.to_ascii_lowercase()),
+    ] {
         if !attrs.iter().any(|(a, _)| a == k) {
             attrs.push((k.to_string(), s(&v)));
         }
@@ -89,7 +109,10 @@ pub(crate) fn upsert_worker(tx: &Connection, req: &c::RegisterRequest, md: &job:
 }
 
 /// Starts reconcilers for workers already in the DB (after a controller restart).
-pub(crate) fn start_known_workers(ctl: &Arc<Controller>, _shutdown: tokio::sync::watch::Receiver<bool>) -> anyhow::Result<()> {
+pub(crate) fn start_known_workers(
+    ctl: &Arc<Controller>,
+    _shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let ids: Vec<String> = {
         let conn = ctl.db();
         let mut st = conn.prepare("SELECT worker_id FROM workers")?;
@@ -108,7 +131,13 @@ pub(crate) fn ensure_reconciler(ctl: &Controller, worker_id: &str) {
     let poke = Arc::new(Notify::new());
     {
         let mut links = lock(&ctl.workers);
-        links.insert(worker_id.to_string(), WorkerLink { poke: poke.clone(), generation });
+        links.insert(
+            worker_id.to_string(),
+            WorkerLink {
+                poke: poke.clone(),
+                generation,
+            },
+        );
     }
     poke.notify_one();
     let Some(me) = ctl.self_arc() else { return };
@@ -127,7 +156,11 @@ fn stop_reason(attempt: TaskState) -> w::StopReason {
 }
 
 /// Builds the desired set for a worker from committed state.
-fn desired_set(ctl: &Controller, conn: &Connection, worker_id: &str) -> Result<Vec<w::DesiredAttempt>, iris_rpc::RpcError> {
+fn desired_set(
+    ctl: &Controller,
+    conn: &Connection,
+    worker_id: &str,
+) -> Result<Vec<w::DesiredAttempt>, iris_rpc::RpcError> {
     let rows = ops::open_attempts_for_worker(conn, worker_id).map_err(internal)?;
     let victim_pending = rows.iter().any(|r| r.attempt_state == TaskState::Preempted);
     let mut out = Vec::with_capacity(rows.len());
@@ -135,14 +168,17 @@ fn desired_set(ctl: &Controller, conn: &Connection, worker_id: &str) -> Result<V
         use w::desired_attempt::Intent;
         let intent = if r.attempt_state.is_terminal() {
             Intent::Stop(stop_reason(r.attempt_state) as i32)
-        } else if !r.is_current || r.task_state.is_terminal() || r.task_state == TaskState::Pending {
+        } else if !r.is_current || r.task_state.is_terminal() || r.task_state == TaskState::Pending
+        {
             // Superseded or the controller moved on: make sure it stops.
             Intent::Stop(w::StopReason::Superseded as i32)
         } else if r.attempt_state == TaskState::Assigned {
             if victim_pending {
                 continue; // withheld until the preempted victim has left this worker
             }
-            let Some(spec) = ctl.spec(conn, &r.job_id)? else { continue };
+            let Some(spec) = ctl.spec(conn, &r.job_id)? else {
+                continue;
+            };
             let req = &spec.request;
             Intent::Run(w::AttemptSpec {
                 request: Some(job::RunTaskRequest {
@@ -168,12 +204,20 @@ fn desired_set(ctl: &Controller, conn: &Connection, worker_id: &str) -> Result<V
         } else {
             Intent::Run(w::AttemptSpec { request: None })
         };
-        out.push(w::DesiredAttempt { attempt_uid: r.attempt_uid, intent: Some(intent) });
+        out.push(w::DesiredAttempt {
+            attempt_uid: r.attempt_uid,
+            intent: Some(intent),
+        });
     }
     Ok(out)
 }
 
-async fn reconcile_loop(ctl: Arc<Controller>, worker_id: String, generation: u64, poke: Arc<Notify>) {
+async fn reconcile_loop(
+    ctl: Arc<Controller>,
+    worker_id: String,
+    generation: u64,
+    poke: Arc<Notify>,
+) {
     let mut failures = 0u32;
     let mut last_ok = Instant::now();
     loop {
@@ -188,7 +232,11 @@ async fn reconcile_loop(ctl: Arc<Controller>, worker_id: String, generation: u64
         let prepared = {
             let conn = ctl.db();
             let addr: Option<String> = conn
-                .query_row("SELECT address FROM workers WHERE worker_id = ?1", [&worker_id], |r| r.get(0))
+                .query_row(
+                    "SELECT address FROM workers WHERE worker_id = ?1",
+                    [&worker_id],
+                    |r| r.get(0),
+                )
                 .ok();
             match addr {
                 None => None,
@@ -199,14 +247,26 @@ async fn reconcile_loop(ctl: Arc<Controller>, worker_id: String, generation: u64
             lock(&ctl.workers).remove(&worker_id);
             return;
         };
-        let url = if addr.starts_with("http") { addr.clone() } else { format!("http://{addr}") };
+        let url = if addr.starts_with("http") {
+            addr.clone()
+        } else {
+            format!("http://{addr}")
+        };
         let client = match iris_rpc::Client::new(&url) {
             Ok(c) => c,
             Err(_) => continue,
         };
-        let req = w::ReconcileRequest { worker_id: worker_id.clone(), desired };
+        let req = w::ReconcileRequest {
+            worker_id: worker_id.clone(),
+            desired,
+        };
         let res: Result<w::ReconcileResponse, _> = client
-            .call("iris.cluster.WorkerService", "Reconcile", &req, Duration::from_secs(10))
+            .call(
+                "iris.cluster.WorkerService",
+                "Reconcile",
+                &req,
+                Duration::from_secs(10),
+            )
             .await;
         match res {
             Ok(resp) => {
@@ -262,7 +322,10 @@ fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse)
                 changed = true;
             }
         }
-        tx.execute("UPDATE workers SET last_heartbeat_ms = ?2, healthy = 1 WHERE worker_id = ?1", params![worker_id, now])?;
+        tx.execute(
+            "UPDATE workers SET last_heartbeat_ms = ?2, healthy = 1 WHERE worker_id = ?1",
+            params![worker_id, now],
+        )?;
         tx.commit()?;
         Ok(())
     })();

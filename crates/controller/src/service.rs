@@ -2,7 +2,6 @@
 
 use crate::spec::{constraint_from_proto, device_of, JobSpec};
 use crate::{internal, lock, views, Controller};
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -28,11 +27,17 @@ pub const MAX_REPLICAS: i32 = 10_000;
 
 pub fn router(ctl: Ctl) -> Router {
     Router::new()
-        .route("/health", get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }))
+        .route(
+            "/health",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
         .route("/blobs/{sha}", get(get_blob))
         .route("/bundles/{file}", get(get_bundle_zip))
         .route("/internal/worker-poke/{worker}", post(poke_worker))
-        .route("/proxy/system.log-server/{service}/{method}", post(dispatch))
+        .route(
+            "/proxy/system.log-server/{service}/{method}",
+            post(dispatch),
+        )
         .route("/{service}/{method}", post(dispatch))
         .with_state(ctl)
 }
@@ -67,8 +72,23 @@ async fn dispatch(
     State(ctl): State<Ctl>,
     Path((service, method)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
+    // Read the body ourselves: the `Bytes` extractor caps bodies at axum's 2 MiB default with
+    // a plain-text 413, which refused workspace bundles over 2 MiB (the client allows 25 MiB).
+    let body = match axum::body::to_bytes(body, iris_rpc::MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return RpcError::new(
+                Code::ResourceExhausted,
+                format!(
+                    "request body exceeds {} bytes or could not be read: {e}",
+                    iris_rpc::MAX_BODY_BYTES
+                ),
+            )
+            .into_response()
+        }
+    };
     let h = &headers;
     let b = &body[..];
     macro_rules! call {
@@ -98,6 +118,8 @@ async fn dispatch(
             "GetUserBudget" => call!(get_user_budget),
             "ListUserBudgets" => call!(list_user_budgets),
             "GetCurrentUser" => call!(get_current_user),
+            "ListUsers" => call!(list_users),
+            "GetSchedulerState" => call!(get_scheduler_state),
             _ => unimplemented(&service, m),
         },
         ("iris.cluster.EndpointService", "ListEndpoints") => call!(list_endpoints),
@@ -108,8 +130,11 @@ async fn dispatch(
 }
 
 fn unimplemented(service: &str, method: &str) -> Response {
-    RpcError::new(Code::Unimplemented, format!("{service}/{method} is not implemented by this controller"))
-        .into_response()
+    RpcError::new(
+        Code::Unimplemented,
+        format!("{service}/{method} is not implemented by this controller"),
+    )
+    .into_response()
 }
 
 fn now() -> i64 {
@@ -122,7 +147,9 @@ fn check_revision_date(client: &str, controller: Option<&str>) -> Result<(), Rpc
     }
     let parse = |s: &str| chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d");
     let cd = parse(client).map_err(|_| {
-        RpcError::invalid(format!("client_revision_date {client:?} must be YYYY-MM-DD"))
+        RpcError::invalid(format!(
+            "client_revision_date {client:?} must be YYYY-MM-DD"
+        ))
     })?;
     let Some(ours) = controller.and_then(|s| parse(s).ok()) else {
         return Ok(());
@@ -136,8 +163,12 @@ fn check_revision_date(client: &str, controller: Option<&str>) -> Result<(), Rpc
 }
 
 impl Controller {
-    pub(crate) async fn launch_job(&self, mut req: c::LaunchJobRequest) -> Result<c::LaunchJobResponse, RpcError> {
-        let name = JobName::parse(&req.name).map_err(|e| RpcError::invalid(format!("name: {e}")))?;
+    pub(crate) async fn launch_job(
+        &self,
+        mut req: c::LaunchJobRequest,
+    ) -> Result<c::LaunchJobResponse, RpcError> {
+        let name =
+            JobName::parse(&req.name).map_err(|e| RpcError::invalid(format!("name: {e}")))?;
         if req.replicas == 0 {
             req.replicas = 1;
         }
@@ -155,7 +186,9 @@ impl Controller {
         }
         let (dtype, variant, gpu, tpu) = device_of(req.resources.as_ref());
         if gpu < 0 || tpu < 0 {
-            return Err(RpcError::invalid("resources.device: count must not be negative"));
+            return Err(RpcError::invalid(
+                "resources.device: count must not be negative",
+            ));
         }
         let argv_empty = req
             .entrypoint
@@ -168,7 +201,10 @@ impl Controller {
                 "entrypoint.run_command.argv: a command is required (e.g. iris job run -- python train.py)",
             ));
         }
-        if req.max_retries_failure < 0 || req.max_retries_preemption < 0 || req.max_task_failures < 0 {
+        if req.max_retries_failure < 0
+            || req.max_retries_preemption < 0
+            || req.max_task_failures < 0
+        {
             return Err(RpcError::invalid("max_retries_failure, max_retries_preemption and max_task_failures must not be negative"));
         }
         if let Some(co) = &req.coscheduling {
@@ -200,7 +236,10 @@ impl Controller {
             && !variant.eq_ignore_ascii_case("auto")
             && !req.constraints.iter().any(|k| k.key == "device-variant")
         {
-            req.constraints.push(eq_constraint("device-variant", &variant.to_ascii_lowercase()));
+            req.constraints.push(eq_constraint(
+                "device-variant",
+                &variant.to_ascii_lowercase(),
+            ));
         }
         let t = now();
         let user = name.user().to_string();
@@ -215,13 +254,14 @@ impl Controller {
             }
             req.bundle_id = sha;
             req.bundle_blob.clear();
-        } else if !req.bundle_id.is_empty() {
-            if !valid_sha(&req.bundle_id) || !self.cfg.state_dir.join("bundles").join(&req.bundle_id).exists() {
-                return Err(RpcError::invalid(format!(
-                    "bundle_id {:?} is not a bundle this controller has; send bundle_blob instead",
-                    req.bundle_id
-                )));
-            }
+        } else if !req.bundle_id.is_empty()
+            && (!valid_sha(&req.bundle_id)
+                || !self.cfg.state_dir.join("bundles").join(&req.bundle_id).exists())
+        {
+            return Err(RpcError::invalid(format!(
+                "bundle_id {:?} is not a bundle this controller has; send bundle_blob instead",
+                req.bundle_id
+            )));
         }
         let mut conn = self.db();
         // Band resolution and authorization.
@@ -260,7 +300,11 @@ impl Controller {
         };
         if parent.is_none() || parent_band.map(|pb| band.outranks(pb)).unwrap_or(true) {
             let max_band: i32 = conn
-                .query_row("SELECT max_band FROM user_budgets WHERE user_id = ?1", [&user], |r| r.get(0))
+                .query_row(
+                    "SELECT max_band FROM user_budgets WHERE user_id = ?1",
+                    [&user],
+                    |r| r.get(0),
+                )
                 .optional()
                 .map_err(internal)?
                 .unwrap_or(Band::Interactive.code());
@@ -284,7 +328,9 @@ impl Controller {
             let running = !st.is_terminal();
             let keep = policy == 2 && running;
             if keep {
-                return Ok(c::LaunchJobResponse { job_id: name.to_string() });
+                return Ok(c::LaunchJobResponse {
+                    job_id: name.to_string(),
+                });
             }
             if policy == 1 || req.fail_if_exists || (running && policy != 3) {
                 return Err(RpcError::new(
@@ -298,26 +344,40 @@ impl Controller {
             res_cpu_millicores: res.cpu_millicores as i64,
             res_memory_bytes: res.memory_bytes,
             res_disk_bytes: res.disk_bytes,
-            res_device_json: res.device.as_ref().and_then(|d| serde_json::to_string(d).ok()),
+            res_device_json: res
+                .device
+                .as_ref()
+                .and_then(|d| serde_json::to_string(d).ok()),
             constraints_json: if req.constraints.is_empty() {
                 None
             } else {
                 serde_json::to_string(&req.constraints).ok()
             },
             coscheduling_group_by: group_by,
-            scheduling_timeout_ms: req.scheduling_timeout.as_ref().map(|d| d.milliseconds).filter(|m| *m > 0),
+            scheduling_timeout_ms: req
+                .scheduling_timeout
+                .as_ref()
+                .map(|d| d.milliseconds)
+                .filter(|m| *m > 0),
             max_task_failures: req.max_task_failures as i64,
             entrypoint_json: req.entrypoint.as_ref().and_then(|e| {
                 let mut e = e.clone();
                 e.workdir_files.clear();
                 serde_json::to_string(&e).ok()
             }),
-            environment_json: req.environment.as_ref().and_then(|e| serde_json::to_string(e).ok()),
+            environment_json: req
+                .environment
+                .as_ref()
+                .and_then(|e| serde_json::to_string(e).ok()),
             bundle_id: (!req.bundle_id.is_empty()).then(|| req.bundle_id.clone()),
             ports_json: serde_json::to_string(&req.ports).ok(),
             max_retries_failure: req.max_retries_failure as i64,
             max_retries_preemption: req.max_retries_preemption as i64,
-            timeout_ms: req.timeout.as_ref().map(|d| d.milliseconds).filter(|m| *m > 0),
+            timeout_ms: req
+                .timeout
+                .as_ref()
+                .map(|d| d.milliseconds)
+                .filter(|m| *m > 0),
             preemption_policy: req.preemption_policy,
             existing_job_policy: req.existing_job_policy,
             priority_band: band.code(),
@@ -340,19 +400,29 @@ impl Controller {
         let tx = conn.transaction().map_err(internal)?;
         if existing.is_some() {
             if existing.map(|s| !s.is_terminal()).unwrap_or(false) {
-                ops::kill_subtree(&tx, name.as_str(), "Replaced by a new submission", "Parent job terminated", t)
-                    .map_err(internal)?;
+                ops::kill_subtree(
+                    &tx,
+                    name.as_str(),
+                    "Replaced by a new submission",
+                    "Parent job terminated",
+                    t,
+                )
+                .map_err(internal)?;
             }
             ops::delete_job(&tx, name.as_str()).map_err(internal)?;
         }
         ops::insert_job(&tx, &new, t).map_err(internal)?;
         tx.commit().map_err(internal)?;
         drop(conn);
-        self.forget_spec(name.as_str());
+        if existing.is_some() {
+            self.forget_spec(name.as_str());
+        }
         let spec = Arc::new(JobSpec::from_request(req, band, user, name.depth()));
         lock(&self.specs).insert(name.to_string(), spec);
         self.wake();
-        Ok(c::LaunchJobResponse { job_id: name.to_string() })
+        Ok(c::LaunchJobResponse {
+            job_id: name.to_string(),
+        })
     }
 
     fn check_feasible(
@@ -383,13 +453,22 @@ impl Controller {
         }
         let res = crate::spec::resources_of(req.resources.as_ref());
         let group_by = req.coscheduling.as_ref().map(|c| c.group_by.as_str());
-        iris_scheduler::feasible_anywhere(&res, &all, group_by, req.replicas.max(1) as u32, &workers)
-            .map_err(|why| RpcError::precondition(format!("Job {name} is unschedulable: {why}")))
+        iris_scheduler::feasible_anywhere(
+            &res,
+            &all,
+            group_by,
+            req.replicas.max(1) as u32,
+            &workers,
+        )
+        .map_err(|why| RpcError::precondition(format!("Job {name} is unschedulable: {why}")))
     }
 
-    pub(crate) async fn get_job_status(&self, req: c::GetJobStatusRequest) -> Result<c::GetJobStatusResponse, RpcError> {
+    pub(crate) async fn get_job_status(
+        &self,
+        req: c::GetJobStatusRequest,
+    ) -> Result<c::GetJobStatusResponse, RpcError> {
         let conn = self.db();
-        let reasons = lock(&self.pending_reasons).clone();
+        let reasons = lock(&self.pending_reasons);
         let job = views::job_status(&conn, &req.job_id, &reasons)?
             .ok_or_else(|| RpcError::not_found(format!("job {} not found", req.job_id)))?;
         let mut request = self.spec(&conn, &req.job_id)?.map(|s| s.request.clone());
@@ -400,10 +479,16 @@ impl Controller {
                 }
             }
         }
-        Ok(c::GetJobStatusResponse { job: Some(job), request })
+        Ok(c::GetJobStatusResponse {
+            job: Some(job),
+            request,
+        })
     }
 
-    pub(crate) async fn get_job_state(&self, req: c::GetJobStateRequest) -> Result<c::GetJobStateResponse, RpcError> {
+    pub(crate) async fn get_job_state(
+        &self,
+        req: c::GetJobStateRequest,
+    ) -> Result<c::GetJobStateResponse, RpcError> {
         let conn = self.db();
         let mut states = std::collections::BTreeMap::new();
         for id in req.job_ids {
@@ -414,11 +499,20 @@ impl Controller {
         Ok(c::GetJobStateResponse { states })
     }
 
-    pub(crate) async fn terminate_job(&self, req: c::TerminateJobRequest) -> Result<job::Empty, RpcError> {
+    pub(crate) async fn terminate_job(
+        &self,
+        req: c::TerminateJobRequest,
+    ) -> Result<job::Empty, RpcError> {
         let mut conn = self.db();
         let tx = conn.transaction().map_err(internal)?;
-        let found = ops::kill_subtree(&tx, &req.job_id, "Terminated by user", "Parent job terminated", now())
-            .map_err(internal)?;
+        let found = ops::kill_subtree(
+            &tx,
+            &req.job_id,
+            "Terminated by user",
+            "Parent job terminated",
+            now(),
+        )
+        .map_err(internal)?;
         if !found {
             return Err(RpcError::not_found(format!("job {} not found", req.job_id)));
         }
@@ -429,7 +523,10 @@ impl Controller {
         Ok(job::Empty {})
     }
 
-    pub(crate) async fn complete_job(&self, req: c::CompleteJobRequest) -> Result<job::Empty, RpcError> {
+    pub(crate) async fn complete_job(
+        &self,
+        req: c::CompleteJobRequest,
+    ) -> Result<job::Empty, RpcError> {
         let mut conn = self.db();
         let tx = conn.transaction().map_err(internal)?;
         if !ops::complete_job(&tx, &req.job_id, now()).map_err(internal)? {
@@ -442,7 +539,10 @@ impl Controller {
         Ok(job::Empty {})
     }
 
-    pub(crate) async fn list_jobs(&self, req: c::ListJobsRequest) -> Result<c::ListJobsResponse, RpcError> {
+    pub(crate) async fn list_jobs(
+        &self,
+        req: c::ListJobsRequest,
+    ) -> Result<c::ListJobsResponse, RpcError> {
         let q = req.query.unwrap_or_default();
         if q.offset < 0 || q.offset > 5000 {
             return Err(RpcError::invalid("query.offset must be between 0 and 5000"));
@@ -457,67 +557,118 @@ impl Controller {
                 ))
             })?)
         };
-        let limit = if q.limit <= 0 || q.limit > 500 { 500 } else { q.limit };
+        let limit = if q.limit <= 0 || q.limit > 500 {
+            500
+        } else {
+            q.limit
+        };
         let conn = self.db();
-        let reasons = lock(&self.pending_reasons).clone();
+        let reasons = lock(&self.pending_reasons);
         views::list_jobs(&conn, &q, state, limit, &reasons)
     }
 
-    pub(crate) async fn get_task_status(&self, req: c::GetTaskStatusRequest) -> Result<c::GetTaskStatusResponse, RpcError> {
+    pub(crate) async fn get_task_status(
+        &self,
+        req: c::GetTaskStatusRequest,
+    ) -> Result<c::GetTaskStatusResponse, RpcError> {
         TaskId::parse(&req.task_id).map_err(|e| RpcError::invalid(format!("task_id: {e}")))?;
         let conn = self.db();
-        let reasons = lock(&self.pending_reasons).clone();
+        let reasons = lock(&self.pending_reasons);
         let task = views::task_status(&conn, &req.task_id, true, &reasons)?
             .ok_or_else(|| RpcError::not_found(format!("task {} not found", req.task_id)))?;
         let job_id = req.task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
-        let job_resources = self.spec(&conn, job_id)?.and_then(|s| s.request.resources.clone());
-        Ok(c::GetTaskStatusResponse { task: Some(task), job_resources, root_cause_highlights: Vec::new() })
+        let job_resources = self
+            .spec(&conn, job_id)?
+            .and_then(|s| s.request.resources.clone());
+        Ok(c::GetTaskStatusResponse {
+            task: Some(task),
+            job_resources,
+            root_cause_highlights: Vec::new(),
+        })
     }
 
-    pub(crate) async fn list_tasks(&self, req: c::ListTasksRequest) -> Result<c::ListTasksResponse, RpcError> {
+    pub(crate) async fn list_tasks(
+        &self,
+        req: c::ListTasksRequest,
+    ) -> Result<c::ListTasksResponse, RpcError> {
         let conn = self.db();
-        if ops::job_state_of(&conn, &req.job_id).map_err(internal)?.is_none() {
+        if ops::job_state_of(&conn, &req.job_id)
+            .map_err(internal)?
+            .is_none()
+        {
             return Err(RpcError::not_found(format!("job {} not found", req.job_id)));
         }
-        let reasons = lock(&self.pending_reasons).clone();
+        let reasons = lock(&self.pending_reasons);
         let tasks = views::tasks_of_job(&conn, &req.job_id, &reasons)?;
         Ok(c::ListTasksResponse { tasks })
     }
 
-    pub(crate) async fn kick_tasks(&self, req: c::KickTasksRequest) -> Result<c::KickTasksResponse, RpcError> {
+    pub(crate) async fn kick_tasks(
+        &self,
+        req: c::KickTasksRequest,
+    ) -> Result<c::KickTasksResponse, RpcError> {
         let desired = TaskState::from_code(req.desired_state);
-        if !matches!(desired, Some(TaskState::Preempted) | Some(TaskState::Failed)) {
-            return Err(RpcError::invalid("desired_state must be TASK_STATE_PREEMPTED or TASK_STATE_FAILED"));
+        if !matches!(
+            desired,
+            Some(TaskState::Preempted) | Some(TaskState::Failed)
+        ) {
+            return Err(RpcError::invalid(
+                "desired_state must be one of: preempted, failed",
+            ));
         }
-        let reason = if req.reason.is_empty() { "operator request".to_string() } else { req.reason.clone() };
+        if req.targets.is_empty() {
+            return Err(RpcError::invalid(
+                "at least one target (a task, <task>:<attempt> or job id) is required",
+            ));
+        }
+        let reason = if req.reason.is_empty() {
+            "operator request".to_string()
+        } else {
+            req.reason.clone()
+        };
         let mut conn = self.db();
         let tx = conn.transaction().map_err(internal)?;
         let mut results = Vec::new();
         for target in &req.targets {
-            let tasks = resolve_targets(&tx, target)?;
-            if tasks.is_empty() {
-                results.push(c::KickResult { target: target.clone(), task_id: String::new(), queued: false, detail: "not found".into() });
-                continue;
-            }
-            for (task_id, attempt) in tasks {
-                let ev = match desired {
-                    Some(TaskState::Failed) => iris_types::TaskEvent::KickFail,
-                    _ => iris_types::TaskEvent::Preempt { by: format!("operator ({reason})") },
-                };
-                let current: i64 = tx
-                    .query_row("SELECT current_attempt_id FROM tasks WHERE task_id = ?1", [&task_id], |r| r.get(0))
-                    .map_err(internal)?;
-                if attempt.map(|a| a != current).unwrap_or(false) {
-                    results.push(c::KickResult { target: target.clone(), task_id, queued: false, detail: "attempt is not current".into() });
+            let tasks = match resolve_kick(&tx, target)? {
+                Kick::Tasks(tasks) => tasks,
+                Kick::Reject { task_id, detail } => {
+                    results.push(c::KickResult {
+                        target: target.clone(),
+                        task_id,
+                        queued: false,
+                        detail,
+                    });
                     continue;
                 }
-                let r = ops::apply_task_event(&tx, &task_id, &ev, None, ops::Finish::AwaitWorker, now(), "iris/operator")
-                    .map_err(internal)?;
-                let detail = match r {
-                    Some(s) => format!("now {s}"),
-                    None => "task is not running".into(),
+            };
+            for task_id in tasks {
+                let ev = match desired {
+                    Some(TaskState::Failed) => iris_types::TaskEvent::KickFail,
+                    _ => iris_types::TaskEvent::Preempt {
+                        by: format!("operator ({reason})"),
+                    },
                 };
-                results.push(c::KickResult { target: target.clone(), task_id, queued: r.is_some(), detail });
+                let r = ops::apply_task_event(
+                    &tx,
+                    &task_id,
+                    &ev,
+                    None,
+                    ops::Finish::AwaitWorker,
+                    now(),
+                    "iris/operator",
+                )
+                .map_err(internal)?;
+                let (queued, detail) = match r {
+                    Some(s) => (true, format!("now {s}")),
+                    None => (false, "task is not running on a worker".to_string()),
+                };
+                results.push(c::KickResult {
+                    target: target.clone(),
+                    task_id,
+                    queued,
+                    detail,
+                });
             }
         }
         tx.commit().map_err(internal)?;
@@ -527,12 +678,20 @@ impl Controller {
         Ok(c::KickTasksResponse { results })
     }
 
-    pub(crate) async fn register(&self, req: c::RegisterRequest) -> Result<c::RegisterResponse, RpcError> {
+    pub(crate) async fn register(
+        &self,
+        req: c::RegisterRequest,
+    ) -> Result<c::RegisterResponse, RpcError> {
         if req.worker_id.is_empty() {
-            return Ok(c::RegisterResponse { worker_id: String::new(), accepted: false });
+            return Ok(c::RegisterResponse {
+                worker_id: String::new(),
+                accepted: false,
+            });
         }
         if req.address.is_empty() {
-            return Err(RpcError::invalid("address: the worker's host:port is required"));
+            return Err(RpcError::invalid(
+                "address: the worker's host:port is required",
+            ));
         }
         let md = req.metadata.clone().unwrap_or_default();
         {
@@ -543,37 +702,74 @@ impl Controller {
         }
         crate::reconcile::ensure_reconciler(self, &req.worker_id);
         self.wake();
-        Ok(c::RegisterResponse { worker_id: req.worker_id, accepted: true })
+        Ok(c::RegisterResponse {
+            worker_id: req.worker_id,
+            accepted: true,
+        })
     }
 
-    pub(crate) async fn list_workers(&self, _req: c::ListWorkersRequest) -> Result<c::ListWorkersResponse, RpcError> {
+    pub(crate) async fn list_workers(
+        &self,
+        _req: c::ListWorkersRequest,
+    ) -> Result<c::ListWorkersResponse, RpcError> {
         let conn = self.db();
         let workers = views::workers(&conn)?;
         let n = workers.len() as i32;
-        Ok(c::ListWorkersResponse { workers, total_count: n, has_more: false })
+        Ok(c::ListWorkersResponse {
+            workers,
+            total_count: n,
+            has_more: false,
+        })
     }
 
-    pub(crate) async fn execute_raw_query(&self, req: query::RawQueryRequest) -> Result<query::RawQueryResponse, RpcError> {
+    pub(crate) async fn execute_raw_query(
+        &self,
+        req: query::RawQueryRequest,
+    ) -> Result<query::RawQueryResponse, RpcError> {
         let conn = lock(&self.readonly);
-        let r = iris_store::query::run_readonly(&conn, &req.sql, self.cfg.query_time_limit, self.cfg.query_max_rows)
-            .map_err(|e| match e {
-                iris_store::query::QueryError::NotAllowed(m) => RpcError::invalid(m),
-                iris_store::query::QueryError::Timeout(_) => RpcError::new(Code::DeadlineExceeded, e.to_string()),
-                iris_store::query::QueryError::Sql(m) => RpcError::invalid(format!("sql: {m}")),
-            })?;
+        let r = iris_store::query::run_readonly(
+            &conn,
+            &req.sql,
+            self.cfg.query_time_limit,
+            self.cfg.query_max_rows,
+        )
+        .map_err(|e| match e {
+            iris_store::query::QueryError::NotAllowed(m) => RpcError::invalid(m),
+            iris_store::query::QueryError::Timeout(_) => {
+                RpcError::new(Code::DeadlineExceeded, e.to_string())
+            }
+            iris_store::query::QueryError::Sql(m) => RpcError::invalid(format!("sql: {m}")),
+        })?;
         Ok(query::RawQueryResponse {
-            columns: r.columns.into_iter().map(|name| query::ColumnMeta { name, r#type: "unknown".into() }).collect(),
+            columns: r
+                .columns
+                .into_iter()
+                .map(|name| query::ColumnMeta {
+                    name,
+                    r#type: "unknown".into(),
+                })
+                .collect(),
             rows: r.rows,
         })
     }
 
-    pub(crate) async fn set_user_budget(&self, req: c::SetUserBudgetRequest) -> Result<c::SetUserBudgetResponse, RpcError> {
-        iris_types::ids::validate_user(&req.user_id).map_err(|e| RpcError::invalid(format!("user_id: {e}")))?;
+    pub(crate) async fn set_user_budget(
+        &self,
+        req: c::SetUserBudgetRequest,
+    ) -> Result<c::SetUserBudgetResponse, RpcError> {
+        iris_types::ids::validate_user(&req.user_id)
+            .map_err(|e| RpcError::invalid(format!("user_id: {e}")))?;
         if req.budget_limit < 0 {
-            return Err(RpcError::invalid("budget_limit must not be negative (0 = unlimited)"));
+            return Err(RpcError::invalid(
+                "budget_limit must not be negative (0 = unlimited)",
+            ));
         }
-        let band = if req.max_band == 0 { Band::Interactive } else {
-            Band::from_code(req.max_band).ok_or_else(|| RpcError::invalid(format!("max_band: unknown value {}", req.max_band)))?
+        let band = if req.max_band == 0 {
+            Band::Interactive
+        } else {
+            Band::from_code(req.max_band).ok_or_else(|| {
+                RpcError::invalid(format!("max_band: unknown value {}", req.max_band))
+            })?
         };
         let conn = self.db();
         conn.execute(
@@ -585,40 +781,86 @@ impl Controller {
         Ok(c::SetUserBudgetResponse {})
     }
 
-    pub(crate) async fn get_user_budget(&self, req: c::GetUserBudgetRequest) -> Result<c::GetUserBudgetResponse, RpcError> {
+    pub(crate) async fn get_user_budget(
+        &self,
+        req: c::GetUserBudgetRequest,
+    ) -> Result<c::GetUserBudgetResponse, RpcError> {
+        if req.user_id.trim().is_empty() {
+            return Err(RpcError::invalid("user_id is required"));
+        }
         let conn = self.db();
         let row: Option<(i64, i32)> = conn
-            .query_row("SELECT budget_limit, max_band FROM user_budgets WHERE user_id = ?1", [&req.user_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_row(
+                "SELECT budget_limit, max_band FROM user_budgets WHERE user_id = ?1",
+                [&req.user_id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .optional()
             .map_err(internal)?;
-        let (limit, band) = row.unwrap_or((1000, Band::Interactive.code()));
+        let (limit, band) = row.unwrap_or((
+            crate::accounts::DEFAULT_BUDGET_LIMIT,
+            crate::accounts::DEFAULT_MAX_BAND.code(),
+        ));
         let spent = views::user_spend(&conn, &req.user_id)?;
-        Ok(c::GetUserBudgetResponse { user_id: req.user_id, budget_limit: limit, budget_spent: spent, max_band: band })
+        Ok(c::GetUserBudgetResponse {
+            user_id: req.user_id,
+            budget_limit: limit,
+            budget_spent: spent,
+            max_band: band,
+        })
     }
 
-    pub(crate) async fn list_user_budgets(&self, _req: c::ListUserBudgetsRequest) -> Result<c::ListUserBudgetsResponse, RpcError> {
+    pub(crate) async fn list_user_budgets(
+        &self,
+        _req: c::ListUserBudgetsRequest,
+    ) -> Result<c::ListUserBudgetsResponse, RpcError> {
         let conn = self.db();
         let rows: Vec<(String, i64, i32)> = {
-            let mut st = conn.prepare("SELECT user_id, budget_limit, max_band FROM user_budgets ORDER BY user_id").map_err(internal)?;
-            let it = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).map_err(internal)?;
+            let mut st = conn
+                .prepare(
+                    "SELECT user_id, budget_limit, max_band FROM user_budgets ORDER BY user_id",
+                )
+                .map_err(internal)?;
+            let it = st
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .map_err(internal)?;
             it.collect::<Result<_, _>>().map_err(internal)?
         };
         let mut users = Vec::new();
         for (u, l, b) in rows {
             let spent = views::user_spend(&conn, &u)?;
-            users.push(c::GetUserBudgetResponse { user_id: u, budget_limit: l, budget_spent: spent, max_band: b });
+            users.push(c::GetUserBudgetResponse {
+                user_id: u,
+                budget_limit: l,
+                budget_spent: spent,
+                max_band: b,
+            });
         }
         Ok(c::ListUserBudgetsResponse { users })
     }
 
-    pub(crate) async fn get_current_user(&self, _req: job::GetCurrentUserRequest) -> Result<job::GetCurrentUserResponse, RpcError> {
-        Ok(job::GetCurrentUserResponse { user_id: "anonymous".into(), role: "admin".into(), display_name: "anonymous".into() })
+    pub(crate) async fn get_current_user(
+        &self,
+        _req: job::GetCurrentUserRequest,
+    ) -> Result<job::GetCurrentUserResponse, RpcError> {
+        Ok(job::GetCurrentUserResponse {
+            user_id: "anonymous".into(),
+            role: "admin".into(),
+            display_name: "anonymous".into(),
+        })
     }
 
-    pub(crate) async fn list_endpoints(&self, req: c::ListEndpointsRequest) -> Result<c::ListEndpointsResponse, RpcError> {
+    pub(crate) async fn list_endpoints(
+        &self,
+        req: c::ListEndpointsRequest,
+    ) -> Result<c::ListEndpointsResponse, RpcError> {
         let mut endpoints = Vec::new();
         let log_name = "/system/log-server";
-        let matches = if req.exact { req.prefix == log_name } else { log_name.starts_with(&req.prefix) };
+        let matches = if req.exact {
+            req.prefix == log_name
+        } else {
+            log_name.starts_with(&req.prefix)
+        };
         if matches {
             endpoints.push(c::Endpoint {
                 name: log_name.into(),
@@ -629,28 +871,45 @@ impl Controller {
         Ok(c::ListEndpointsResponse { endpoints })
     }
 
-    pub(crate) async fn push_logs(&self, req: fl::PushLogsRequest) -> Result<fl::PushLogsResponse, RpcError> {
+    pub(crate) async fn push_logs(
+        &self,
+        req: fl::PushLogsRequest,
+    ) -> Result<fl::PushLogsResponse, RpcError> {
         if req.key.is_empty() {
-            return Err(RpcError::invalid("key: the log key (<task>:<attempt>) is required"));
+            return Err(RpcError::invalid(
+                "key: the log key (<task>:<attempt>) is required",
+            ));
         }
         let lines: Vec<(String, String, i64, i32)> = req
             .entries
             .into_iter()
-            .map(|e| (e.source, e.data, e.timestamp.map(|t| t.epoch_ms).unwrap_or_else(now), e.level))
+            .map(|e| {
+                (
+                    e.source,
+                    e.data,
+                    e.timestamp.map(|t| t.epoch_ms).unwrap_or_else(now),
+                    e.level,
+                )
+            })
             .collect();
         let mut conn = lock(&self.logs);
         iris_store::logs::append(&mut conn, &req.key, &lines).map_err(internal)?;
         Ok(fl::PushLogsResponse {})
     }
 
-    pub(crate) async fn fetch_logs(&self, req: fl::FetchLogsRequest) -> Result<fl::FetchLogsResponse, RpcError> {
+    pub(crate) async fn fetch_logs(
+        &self,
+        req: fl::FetchLogsRequest,
+    ) -> Result<fl::FetchLogsResponse, RpcError> {
         let scope = match req.match_scope {
             1 => iris_store::logs::Scope::Exact,
             2 => iris_store::logs::Scope::Prefix,
             _ => iris_store::logs::Scope::Regex,
         };
         if req.max_lines < 0 {
-            return Err(RpcError::invalid("max_lines must not be negative (0 = 1000)"));
+            return Err(RpcError::invalid(
+                "max_lines must not be negative (0 = 1000)",
+            ));
         }
         let min_level = iris_store::logs::parse_level(&req.min_level).map_err(RpcError::invalid)?;
         let q = iris_store::logs::FetchQuery {
@@ -673,12 +932,22 @@ impl Controller {
         let entries = lines
             .into_iter()
             .map(|l| fl::LogEntry {
-                timestamp: Some(fl::Timestamp { epoch_ms: l.epoch_ms }),
-                attempt_id: l.key.rsplit_once(':').and_then(|(_, n)| n.parse().ok()).unwrap_or(0),
+                timestamp: Some(fl::Timestamp {
+                    epoch_ms: l.epoch_ms,
+                }),
+                attempt_id: l
+                    .key
+                    .rsplit_once(':')
+                    .and_then(|(_, n)| n.parse().ok())
+                    .unwrap_or(0),
                 source: l.source,
                 data: l.data,
                 level: l.level,
-                key: if scope == iris_store::logs::Scope::Exact { String::new() } else { l.key },
+                key: if scope == iris_store::logs::Scope::Exact {
+                    String::new()
+                } else {
+                    l.key
+                },
                 seq: l.seq,
             })
             .collect();
@@ -696,29 +965,93 @@ fn eq_constraint(key: &str, value: &str) -> job::Constraint {
     job::Constraint {
         key: key.into(),
         op: 0,
-        value: Some(job::AttributeValue { value: Some(job::attribute_value::Value::StringValue(value.into())) }),
+        value: Some(job::AttributeValue {
+            value: Some(job::attribute_value::Value::StringValue(value.into())),
+        }),
         values: Vec::new(),
         mode: 0,
     }
 }
 
-/// Resolves a kick target (task, attempt `<task>:<N>`, or job) to `(task_id, attempt)` pairs.
-fn resolve_targets(conn: &iris_store::rusqlite::Connection, target: &str) -> Result<Vec<(String, Option<i64>)>, RpcError> {
-    if let Ok(a) = iris_types::AttemptId::parse(target) {
-        return Ok(vec![(a.task.to_string(), Some(a.attempt as i64))]);
+/// What a kick target names: the active tasks to kick, or why there are none.
+#[derive(Debug, PartialEq, Eq)]
+enum Kick {
+    Tasks(Vec<String>),
+    Reject { task_id: String, detail: String },
+}
+
+/// Resolves a kick target: a task (its current attempt), `<task>:<N>` (only if N is current),
+/// or a job (its tasks that are assigned, building or running). Only active tasks are kicked.
+fn resolve_kick(conn: &iris_store::rusqlite::Connection, target: &str) -> Result<Kick, RpcError> {
+    let reject = |task_id: &str, detail: String| {
+        Ok(Kick::Reject {
+            task_id: task_id.to_string(),
+            detail,
+        })
+    };
+    let (name, attempt) = match target.rsplit_once(':') {
+        Some((name, n)) => match n.parse::<i64>() {
+            Ok(n) if n >= 0 => (name, Some(n)),
+            _ => {
+                return reject(
+                    "",
+                    format!("{target:?}: an attempt suffix must be a non-negative number"),
+                )
+            }
+        },
+        None => (target, None),
+    };
+    if TaskId::parse(name).is_ok() {
+        let row: Option<(i32, i64)> = conn
+            .query_row(
+                "SELECT state, current_attempt_id FROM tasks WHERE task_id = ?1",
+                [name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(internal)?;
+        let Some((state, current)) = row else {
+            return reject("", "task not found".into());
+        };
+        if let Some(n) = attempt.filter(|n| *n != current) {
+            return reject(
+                name,
+                format!("attempt {n} is not current (current is {current})"),
+            );
+        }
+        let state = TaskState::from_code(state).unwrap_or(TaskState::Unspecified);
+        if !matches!(
+            state,
+            TaskState::Assigned | TaskState::Building | TaskState::Running
+        ) {
+            return reject(name, format!("task is {state}, not running on a worker"));
+        }
+        return Ok(Kick::Tasks(vec![name.to_string()]));
     }
-    let is_task: bool = conn
-        .query_row("SELECT count(*) FROM tasks WHERE task_id = ?1", [target], |r| r.get::<_, i64>(0))
-        .map_err(internal)?
-        > 0;
-    if is_task {
-        return Ok(vec![(target.to_string(), None)]);
+    if let Err(e) = JobName::parse(name) {
+        return reject(
+            "",
+            format!("{target:?} is not a task, attempt or job id: {e}"),
+        );
+    }
+    if attempt.is_some() {
+        return reject("", "a job target cannot carry an ':attempt' suffix".into());
+    }
+    if ops::job_state_of(conn, name).map_err(internal)?.is_none() {
+        return reject("", "job not found".into());
     }
     let mut st = conn
         .prepare("SELECT task_id FROM tasks WHERE job_id = ?1 AND state IN (2, 3, 9) ORDER BY task_index")
         .map_err(internal)?;
-    let rows = st.query_map([target], |r| r.get::<_, String>(0)).map_err(internal)?;
-    rows.map(|r| r.map(|t| (t, None))).collect::<Result<_, _>>().map_err(internal)
+    let tasks: Vec<String> = st
+        .query_map([name], |r| r.get(0))
+        .map_err(internal)?
+        .collect::<Result<_, _>>()
+        .map_err(internal)?;
+    if tasks.is_empty() {
+        return reject(name, "job has no tasks running on a worker".into());
+    }
+    Ok(Kick::Tasks(tasks))
 }
 
 #[cfg(test)]
@@ -733,7 +1066,12 @@ mod tests {
         let e = check_revision_date("2026-10-09", Some("2026-10-24")).expect_err("too old");
         assert_eq!(e.code, Code::FailedPrecondition);
         assert!(e.message.contains("too old"));
-        assert_eq!(check_revision_date("yesterday", Some("2026-10-24")).expect_err("bad").code, Code::InvalidArgument);
+        assert_eq!(
+            check_revision_date("yesterday", Some("2026-10-24"))
+                .expect_err("bad")
+                .code,
+            Code::InvalidArgument
+        );
         assert!(check_revision_date("2020-01-01", None).is_ok());
     }
 }

@@ -21,7 +21,10 @@ pub struct JobSpec {
 
 /// `(device type, variant, gpu count, tpu count)` of a resource request.
 pub fn device_of(res: Option<&job::ResourceSpecProto>) -> (&'static str, String, i64, i64) {
-    match res.and_then(|r| r.device.as_ref()).and_then(|d| d.device.as_ref()) {
+    match res
+        .and_then(|r| r.device.as_ref())
+        .and_then(|d| d.device.as_ref())
+    {
         Some(Device::Gpu(g)) => ("gpu", g.variant.clone(), g.count.max(0) as i64, 0),
         Some(Device::Tpu(t)) => ("tpu", t.variant.clone(), 0, t.count.max(0) as i64),
         Some(Device::Cpu(_)) | None => ("cpu", String::new(), 0, 0),
@@ -70,17 +73,34 @@ pub fn constraint_from_proto(c: &PConstraint) -> Result<Constraint, String> {
         6 => ConstraintOp::Lt,
         7 => ConstraintOp::Le,
         8 => ConstraintOp::In,
-        other => return Err(format!("constraints: unknown op {other} for key {:?}", c.key)),
+        other => {
+            return Err(format!(
+                "constraints: unknown op {other} for key {:?}",
+                c.key
+            ))
+        }
     };
     if c.key.trim().is_empty() {
         return Err("constraints: key must not be empty".into());
     }
     let value = c.value.as_ref().and_then(attr_from_proto);
-    if value.is_none() && !matches!(op, ConstraintOp::Exists | ConstraintOp::NotExists | ConstraintOp::In) {
-        return Err(format!("constraints: {} {} needs a value", c.key, op.name()));
+    if value.is_none()
+        && !matches!(
+            op,
+            ConstraintOp::Exists | ConstraintOp::NotExists | ConstraintOp::In
+        )
+    {
+        return Err(format!(
+            "constraints: {} {} needs a value",
+            c.key,
+            op.name()
+        ));
     }
     if op == ConstraintOp::In && c.values.is_empty() {
-        return Err(format!("constraints: {} IN needs at least one value", c.key));
+        return Err(format!(
+            "constraints: {} IN needs at least one value",
+            c.key
+        ));
     }
     Ok(Constraint {
         key: c.key.clone(),

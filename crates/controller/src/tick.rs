@@ -3,7 +3,7 @@
 use crate::{internal, lock, Controller};
 use iris_scheduler::{AttrValue, PendingTask, Policy, Resources, RunningTask, Snapshot, Worker};
 use iris_store::ops;
-use iris_store::rusqlite::{params, Connection};
+use iris_store::rusqlite::Connection;
 use iris_types::{Band, TaskEvent};
 use rand::RngCore;
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,14 +11,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut last_cost = Duration::ZERO;
     loop {
         tokio::select! {
             _ = ctl.wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = shutdown.wait_for(|v| *v) => return,
         }
+        // Coalesce bursts of wakes (e.g. a storm of submits) into one tick, and keep the tick
+        // below about half of one core: wait at least as long as the last tick took.
+        tokio::time::sleep(last_cost.clamp(Duration::from_millis(2), Duration::from_millis(500)))
+            .await;
         let c = ctl.clone();
-        match tokio::task::spawn_blocking(move || tick(&c)).await {
+        let started = std::time::Instant::now();
+        let res = tokio::task::spawn_blocking(move || tick(&c)).await;
+        last_cost = started.elapsed();
+        match res {
             Ok(Ok(workers)) => {
                 let links = lock(&ctl.workers);
                 for w in workers {
@@ -70,7 +78,11 @@ pub(crate) fn load_workers(conn: &Connection) -> iris_store::rusqlite::Result<Ve
             },
             device_variant: {
                 let v: String = r.get(6)?;
-                if v == "cpu" { String::new() } else { v.to_ascii_lowercase() }
+                if v == "cpu" {
+                    String::new()
+                } else {
+                    v.to_ascii_lowercase()
+                }
             },
             healthy: r.get::<_, i64>(7)? != 0,
             id,
@@ -94,9 +106,9 @@ pub(crate) fn new_uid() -> String {
 /// One control tick. Returns the workers whose desired set changed.
 pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcError> {
     let now = iris_store::now_ms();
-    let mut conn = ctl.db();
     let mut touched = BTreeSet::new();
-    let tx = conn.transaction().map_err(internal)?;
+    let snap = lock(&ctl.snap);
+    let tx = snap.unchecked_transaction().map_err(internal)?;
     // Scheduling deadlines.
     let expired: Vec<String> = {
         let mut st = tx
@@ -108,10 +120,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
         let rows = st.query_map([now], |r| r.get(0)).map_err(internal)?;
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
-    for t in expired {
-        ops::apply_task_event(&tx, &t, &TaskEvent::SchedulingTimeout, None, ops::Finish::Now, now, "iris/controller")
-            .map_err(internal)?;
-    }
+
     // Execution timeouts (measured from the attempt's start).
     let timed_out: Vec<(String, String)> = {
         let mut st = tx
@@ -123,20 +132,25 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
             )
             .map_err(internal)?;
         let rows = st
-            .query_map([now], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default())))
+            .query_map([now], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+                ))
+            })
             .map_err(internal)?;
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
-    for (t, w) in timed_out {
-        ops::apply_task_event(&tx, &t, &TaskEvent::ExecutionTimeout, None, ops::Finish::AwaitWorker, now, "iris/controller")
-            .map_err(internal)?;
-        touched.insert(w);
-    }
+
     // Snapshot.
     let workers = load_workers(&tx).map_err(internal)?;
     let addresses: BTreeMap<String, String> = {
-        let mut st = tx.prepare_cached("SELECT worker_id, address FROM workers").map_err(internal)?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(internal)?;
+        let mut st = tx
+            .prepare_cached("SELECT worker_id, address FROM workers")
+            .map_err(internal)?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(internal)?;
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
     let running = {
@@ -149,13 +163,17 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
                 )
                 .map_err(internal)?;
             let rows = st
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                .query_map([], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })
                 .map_err(internal)?;
             rows.collect::<Result<_, _>>().map_err(internal)?
         };
         let mut out = Vec::with_capacity(rows.len());
         for (task, job, worker, band, is_running) in rows {
-            let Some(spec) = ctl.spec(&tx, &job)? else { continue };
+            let Some(spec) = ctl.spec(&tx, &job)? else {
+                continue;
+            };
             out.push(RunningTask {
                 task,
                 job,
@@ -178,13 +196,17 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
                 )
                 .map_err(internal)?;
             let rows = st
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+                .query_map([], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })
                 .map_err(internal)?;
             rows.collect::<Result<_, _>>().map_err(internal)?
         };
         let mut out = Vec::with_capacity(rows.len());
         for (task, job, root_ms, sub_ms, ins) in rows {
-            let Some(spec) = ctl.spec(&tx, &job)? else { continue };
+            let Some(spec) = ctl.spec(&tx, &job)? else {
+                continue;
+            };
             out.push(PendingTask {
                 task,
                 job,
@@ -202,9 +224,62 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
         }
         out
     };
-    if !pending.is_empty() {
-        let snapshot = Snapshot { workers, running, pending, user_spend: BTreeMap::new() };
-        let plan = iris_scheduler::schedule(&snapshot, &Policy::default());
+    drop(tx);
+    drop(snap);
+    if !expired.is_empty() || !timed_out.is_empty() {
+        let mut conn = ctl.db();
+        let wtx = conn.transaction().map_err(internal)?;
+        for t in &expired {
+            ops::apply_task_event(
+                &wtx,
+                t,
+                &TaskEvent::SchedulingTimeout,
+                None,
+                ops::Finish::Now,
+                now,
+                "iris/controller",
+            )
+            .map_err(internal)?;
+        }
+        for (t, w) in &timed_out {
+            ops::apply_task_event(
+                &wtx,
+                t,
+                &TaskEvent::ExecutionTimeout,
+                None,
+                ops::Finish::AwaitWorker,
+                now,
+                "iris/controller",
+            )
+            .map_err(internal)?;
+            touched.insert(w.clone());
+        }
+        wtx.commit().map_err(internal)?;
+        // Those tasks changed state after the snapshot: plan on the next tick.
+        return Ok(touched);
+    }
+    if pending.is_empty() {
+        lock(&ctl.pending_reasons).clear();
+        return Ok(touched);
+    }
+    // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
+    // is re-validated by `transition` when applied below.
+    let bands: BTreeMap<String, Band> = pending
+        .iter()
+        .map(|p| (p.task.clone(), from_sched_band(p.band)))
+        .collect();
+    let snapshot = Snapshot {
+        workers,
+        running,
+        pending,
+        user_spend: BTreeMap::new(),
+    };
+    let plan = iris_scheduler::schedule(&snapshot, &Policy::default());
+    drop(snapshot);
+    if !plan.preemptions.is_empty() || !plan.assignments.is_empty() {
+        let now = iris_store::now_ms();
+        let mut conn = ctl.db();
+        let tx = conn.transaction().map_err(internal)?;
         for p in &plan.preemptions {
             ops::apply_task_event(
                 &tx,
@@ -219,24 +294,17 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
             touched.insert(p.worker.clone());
         }
         for a in &plan.assignments {
-            let band = snapshot
-                .pending
-                .iter()
-                .find(|p| p.task == a.task)
-                .map(|p| from_sched_band(p.band))
-                .unwrap_or(Band::Interactive);
+            let band = bands.get(&a.task).copied().unwrap_or(Band::Interactive);
             let addr = addresses.get(&a.worker).cloned().unwrap_or_default();
-            if ops::assign_task(&tx, &a.task, &a.worker, &addr, &new_uid(), band.code(), now).map_err(internal)? {
+            if ops::assign_task(&tx, &a.task, &a.worker, &addr, &new_uid(), band.code(), now)
+                .map_err(internal)?
+            {
                 touched.insert(a.worker.clone());
             }
         }
-        let mut reasons = lock(&ctl.pending_reasons);
-        *reasons = plan.pending_reasons.into_iter().collect();
-    } else {
-        lock(&ctl.pending_reasons).clear();
+        tx.commit().map_err(internal)?;
     }
-    tx.commit().map_err(internal)?;
-    let _ = params![];
+    *lock(&ctl.pending_reasons) = plan.pending_reasons.into_iter().collect();
     Ok(touched)
 }
 

@@ -82,7 +82,9 @@ impl Code {
     pub fn http_status(self) -> StatusCode {
         match self {
             Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => StatusCode::BAD_REQUEST,
+            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+                StatusCode::BAD_REQUEST
+            }
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
@@ -106,7 +108,10 @@ pub struct RpcError {
 
 impl RpcError {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        RpcError { code, message: message.into() }
+        RpcError {
+            code,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(Code::InvalidArgument, message)
@@ -124,9 +129,11 @@ impl RpcError {
 
 impl IntoResponse for RpcError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({"code": self.code.as_str(), "message": self.message}).to_string();
+        let body =
+            serde_json::json!({"code": self.code.as_str(), "message": self.message}).to_string();
         let mut r = (self.code.http_status(), body).into_response();
-        r.headers_mut().insert("content-type", HeaderValue::from_static("application/json"));
+        r.headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/json"));
         r
     }
 }
@@ -145,7 +152,9 @@ fn decompress(encoding: &str, body: &[u8]) -> Result<Vec<u8>, RpcError> {
         "" | "identity" => return Ok(body.to_vec()),
         "zstd" => zstd::stream::read::Decoder::new(body)
             .and_then(|d| d.take(limit + 1).read_to_end(&mut out)),
-        "gzip" => flate2::read::GzDecoder::new(body).take(limit + 1).read_to_end(&mut out),
+        "gzip" => flate2::read::GzDecoder::new(body)
+            .take(limit + 1)
+            .read_to_end(&mut out),
         other => {
             return Err(RpcError::new(
                 Code::Unimplemented,
@@ -185,24 +194,40 @@ pub fn decode<M: prost::Message + Default + DeserializeOwned>(
     let raw = decompress(enc, body)?;
     let ct = ct.split(';').next().unwrap_or("").trim();
     match ct {
-        "application/proto" | "application/protobuf" | "application/x-protobuf" => M::decode(raw.as_slice())
-            .map(|m| (m, Codec::Proto))
-            .map_err(|e| RpcError::invalid(format!("request is not a valid protobuf message: {e}"))),
+        "application/proto" | "application/protobuf" | "application/x-protobuf" => {
+            M::decode(raw.as_slice())
+                .map(|m| (m, Codec::Proto))
+                .map_err(|e| {
+                    RpcError::invalid(format!("request is not a valid protobuf message: {e}"))
+                })
+        }
         "application/json" => {
-            let v = if raw.iter().all(|b| b.is_ascii_whitespace()) { b"{}".to_vec() } else { raw };
+            let v = if raw.iter().all(|b| b.is_ascii_whitespace()) {
+                b"{}".to_vec()
+            } else {
+                raw
+            };
             serde_json::from_slice(&v)
                 .map(|m| (m, Codec::Json))
-                .map_err(|e| RpcError::invalid(format!("request is not valid JSON for this method: {e}")))
+                .map_err(|e| {
+                    RpcError::invalid(format!("request is not valid JSON for this method: {e}"))
+                })
         }
         other => Err(RpcError::new(
             Code::Unimplemented,
-            format!("unsupported content-type {other:?} (use application/proto or application/json)"),
+            format!(
+                "unsupported content-type {other:?} (use application/proto or application/json)"
+            ),
         )),
     }
 }
 
 /// Encodes a unary response; compresses large bodies with zstd or gzip when the client accepts it.
-pub fn encode<M: prost::Message + Serialize>(codec: Codec, headers: &HeaderMap, msg: &M) -> Response {
+pub fn encode<M: prost::Message + Serialize>(
+    codec: Codec,
+    headers: &HeaderMap,
+    msg: &M,
+) -> Response {
     let (body, ct) = match codec {
         Codec::Proto => (msg.encode_to_vec(), "application/proto"),
         Codec::Json => match serde_json::to_vec(msg) {
@@ -227,9 +252,11 @@ pub fn encode<M: prost::Message + Serialize>(codec: Codec, headers: &HeaderMap, 
         body
     };
     let mut r = (StatusCode::OK, Bytes::from(body)).into_response();
-    r.headers_mut().insert("content-type", HeaderValue::from_static(ct));
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static(ct));
     if let Some(e) = encoding {
-        r.headers_mut().insert("content-encoding", HeaderValue::from_static(e));
+        r.headers_mut()
+            .insert("content-encoding", HeaderValue::from_static(e));
     }
     r
 }
@@ -266,7 +293,11 @@ impl Client {
             .pool_max_idle_per_host(64)
             .build()
             .map_err(|e| RpcError::internal(format!("http client: {e}")))?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: None })
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            token: None,
+        })
     }
 
     /// Sends `authorization: Bearer <token>` on every call.
@@ -300,7 +331,10 @@ impl Client {
             rb = rb.header("authorization", format!("Bearer {t}"));
         }
         let resp = rb.send().await.map_err(|e| {
-            RpcError::new(Code::Unavailable, format!("cannot reach {}: {}", self.base, root_cause(&e)))
+            RpcError::new(
+                Code::Unavailable,
+                format!("cannot reach {}: {}", self.base, root_cause(&e)),
+            )
         })?;
         let status = resp.status();
         let enc = resp
@@ -315,10 +349,12 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .map(|c| c.starts_with("application/json"))
             .unwrap_or(false);
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| RpcError::new(Code::Unavailable, format!("reading response from {url}: {e}")))?;
+        let bytes = resp.bytes().await.map_err(|e| {
+            RpcError::new(
+                Code::Unavailable,
+                format!("reading response from {url}: {e}"),
+            )
+        })?;
         let bytes = decompress(&enc, &bytes)?;
         if status.is_success() {
             return Resp::decode(bytes.as_slice())
@@ -326,8 +362,16 @@ impl Client {
         }
         if is_json {
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-                let code = v.get("code").and_then(|c| c.as_str()).map(Code::parse).unwrap_or(Code::Unknown);
-                let message = v.get("message").and_then(|c| c.as_str()).unwrap_or("").to_string();
+                let code = v
+                    .get("code")
+                    .and_then(|c| c.as_str())
+                    .map(Code::parse)
+                    .unwrap_or(Code::Unknown);
+                let message = v
+                    .get("message")
+                    .and_then(|c| c.as_str())
+                    .unwrap_or("")
+                    .to_string();
                 return Err(RpcError { code, message });
             }
         }

@@ -76,7 +76,11 @@ fn build() -> Snapshot {
                 task: format!("/bg/cpu{i}/{k}"),
                 job: format!("/bg/cpu{i}"),
                 worker: format!("cpu-{i:04}"),
-                band: if k == 0 { Band::Batch } else { Band::Interactive },
+                band: if k == 0 {
+                    Band::Batch
+                } else {
+                    Band::Interactive
+                },
                 resources: Resources::cpu_mem(12_000, 48 * GIB),
                 running: rng.chance(90),
                 coscheduled: false,

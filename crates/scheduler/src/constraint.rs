@@ -167,17 +167,33 @@ mod tests {
     #[test]
     fn eq_is_trimmed_and_case_insensitive() {
         let a = attrs(&[("region", " US-West ".into())]);
-        assert_eq!(constraint_matches(&c("region", Eq, s("us-west ")), &a), Ok(true));
-        assert_eq!(constraint_matches(&c("region", Eq, s("us-east")), &a), Ok(false));
-        assert_eq!(constraint_matches(&c("region", Ne, s("US-EAST")), &a), Ok(true));
-        assert_eq!(constraint_matches(&c("region", Ne, s("us-west")), &a), Ok(false));
+        assert_eq!(
+            constraint_matches(&c("region", Eq, s("us-west ")), &a),
+            Ok(true)
+        );
+        assert_eq!(
+            constraint_matches(&c("region", Eq, s("us-east")), &a),
+            Ok(false)
+        );
+        assert_eq!(
+            constraint_matches(&c("region", Ne, s("US-EAST")), &a),
+            Ok(true)
+        );
+        assert_eq!(
+            constraint_matches(&c("region", Ne, s("us-west")), &a),
+            Ok(false)
+        );
     }
 
     #[test]
     fn missing_attribute_fails_everything_but_not_exists() {
         let a = attrs(&[]);
         for op in [Eq, Ne, Gt, Ge, Lt, Le] {
-            assert_eq!(constraint_matches(&c("x", op, Some(1.into())), &a), Ok(false), "{op}");
+            assert_eq!(
+                constraint_matches(&c("x", op, Some(1.into())), &a),
+                Ok(false),
+                "{op}"
+            );
         }
         assert_eq!(constraint_matches(&c("x", Exists, None), &a), Ok(false));
         assert_eq!(
@@ -191,7 +207,10 @@ mod tests {
     fn exists_and_not_exists() {
         let a = attrs(&[("gpu", AttrValue::Int(0))]);
         assert_eq!(constraint_matches(&c("gpu", Exists, None), &a), Ok(true));
-        assert_eq!(constraint_matches(&c("gpu", NotExists, None), &a), Ok(false));
+        assert_eq!(
+            constraint_matches(&c("gpu", NotExists, None), &a),
+            Ok(false)
+        );
     }
 
     #[test]
@@ -244,8 +263,14 @@ mod tests {
     #[test]
     fn strings_never_equal_numbers() {
         let a = attrs(&[("count", "4".into())]);
-        assert_eq!(constraint_matches(&c("count", Eq, Some(4.into())), &a), Ok(false));
-        assert_eq!(constraint_matches(&c("count", Ne, Some(4.into())), &a), Ok(true));
+        assert_eq!(
+            constraint_matches(&c("count", Eq, Some(4.into())), &a),
+            Ok(false)
+        );
+        assert_eq!(
+            constraint_matches(&c("count", Ne, Some(4.into())), &a),
+            Ok(true)
+        );
     }
 
     #[test]
@@ -261,14 +286,21 @@ mod tests {
 
     #[test]
     fn display_reads_well() {
-        assert_eq!(Constraint::equals("region", "us-west").to_string(), "region EQ us-west");
+        assert_eq!(
+            Constraint::equals("region", "us-west").to_string(),
+            "region EQ us-west"
+        );
         assert_eq!(
             Constraint::one_of("zone", vec!["a".into(), "b".into()]).to_string(),
             "zone IN [a, b]"
         );
         assert_eq!(c("gpu", Exists, None).to_string(), "gpu EXISTS");
         assert_eq!(
-            ConstraintError::OrderingOnString { key: "zone".into(), op: Gt }.to_string(),
+            ConstraintError::OrderingOnString {
+                key: "zone".into(),
+                op: Gt
+            }
+            .to_string(),
             "constraint zone GT: ordering operators do not apply to strings"
         );
     }

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use crate::constraint::{canonical, normalize, satisfied};
 use crate::firstfit::FirstFit;
 use crate::model::{
-    AttrValue, Assignment, Band, Constraint, Dim, PendingTask, Plan, Policy, Resources,
+    Assignment, AttrValue, Band, Constraint, Dim, PendingTask, Plan, Policy, Resources,
     RunningTask, Snapshot, Worker,
 };
 use crate::order::order_pending;
@@ -106,15 +106,20 @@ pub(crate) struct CSet<'a> {
 /// What happened to a pending task.
 #[derive(Clone, Debug)]
 pub(crate) enum Status {
-    /// Not reached (only possible for inconsistent input, e.g. duplicate keys).
+    /// Not reached by any placement unit (defensive; not expected).
     Untouched,
     Assigned,
     /// Beyond the per-job cycle cap.
     Capped,
     /// Tried and found no worker.
-    Failed { cset: usize },
+    Failed {
+        cset: usize,
+    },
     /// An earlier task of the job (`head`) found no worker.
-    Skipped { head: usize, cset: usize },
+    Skipped {
+        head: usize,
+        cset: usize,
+    },
     /// Gang could not be placed; the reason names the gang.
     GangFailed(String),
 }
@@ -122,7 +127,10 @@ pub(crate) enum Status {
 /// A unit of placement, in scheduling order.
 pub(crate) enum Unit<'a> {
     /// All pending tasks of a coscheduled job, in task-index order.
-    Gang { job: &'a str, tasks: Vec<usize> },
+    Gang {
+        job: &'a str,
+        tasks: Vec<usize>,
+    },
     Solo(usize),
 }
 
@@ -171,6 +179,8 @@ pub(crate) struct Engine<'a> {
     pub(crate) evicted: Vec<bool>,
     pub(crate) csets: Vec<CSet<'a>>,
     cset_ids: BTreeMap<String, usize>,
+    /// Per distinct constraint (ignoring its mode): whether each worker satisfies it.
+    constraint_matches: BTreeMap<String, Vec<bool>>,
     /// First-fit indexes, shared by constraint sets that rank workers identically.
     finders: Vec<Finder>,
     finder_ids: BTreeMap<Vec<usize>, usize>,
@@ -244,6 +254,7 @@ impl<'a> Engine<'a> {
             slices,
             csets: Vec::new(),
             cset_ids: BTreeMap::new(),
+            constraint_matches: BTreeMap::new(),
             finders: Vec::new(),
             finder_ids: BTreeMap::new(),
             group_cache: BTreeMap::new(),
@@ -322,27 +333,44 @@ impl<'a> Engine<'a> {
         cs
     }
 
+    /// Whether each worker satisfies `c` (errors = no), computed once per distinct constraint.
+    fn matches_of(&mut self, c: &Constraint) -> &[bool] {
+        let mut key = String::new();
+        push_constraint_key(&mut key, c);
+        let workers = &self.workers;
+        self.constraint_matches.entry(key).or_insert_with(|| {
+            workers
+                .iter()
+                .map(|w| satisfied(c, &w.attributes))
+                .collect()
+        })
+    }
+
     fn intern_cset(&mut self, constraints: &'a [Constraint]) -> usize {
         let mut key = String::new();
         for c in constraints {
-            // Debug output of plain data is deterministic, including floats.
-            let _ = write!(key, "{c:?}\u{1}");
+            push_constraint_key(&mut key, c);
+            key.push(if c.required { 'R' } else { 'P' });
         }
         if let Some(&cs) = self.cset_ids.get(&key) {
             return cs;
         }
         let hard: Vec<&Constraint> = constraints.iter().filter(|c| c.required).collect();
-        let soft: Vec<&Constraint> = constraints.iter().filter(|c| !c.required).collect();
-        let mut eligible = vec![false; self.workers.len()];
+        let mut eligible: Vec<bool> = self.workers.iter().map(|w| w.healthy).collect();
         let mut soft_score = vec![0; self.workers.len()];
-        for (w, worker) in self.workers.iter().enumerate() {
-            eligible[w] =
-                worker.healthy && hard.iter().all(|c| satisfied(c, &worker.attributes));
-            if eligible[w] {
-                soft_score[w] = soft
-                    .iter()
-                    .filter(|c| satisfied(c, &worker.attributes))
-                    .count() as u32;
+        for c in constraints {
+            let matches = self.matches_of(c);
+            for (w, &ok) in matches.iter().enumerate() {
+                if c.required {
+                    eligible[w] &= ok;
+                } else if ok {
+                    soft_score[w] += 1;
+                }
+            }
+        }
+        for (w, score) in soft_score.iter_mut().enumerate() {
+            if !eligible[w] {
+                *score = 0;
             }
         }
         let mut ranked: Vec<usize> = (0..self.workers.len()).filter(|&w| eligible[w]).collect();
@@ -399,12 +427,7 @@ impl<'a> Engine<'a> {
         self.plan
     }
 
-    fn place_solo(
-        &mut self,
-        p: usize,
-        job_seen: &mut [usize],
-        job_block: &mut [Option<usize>],
-    ) {
+    fn place_solo(&mut self, p: usize, job_seen: &mut [usize], job_block: &mut [Option<usize>]) {
         let t: &'a PendingTask = &self.pending[p];
         let job = self.job_of[p];
         job_seen[job] += 1;
@@ -457,7 +480,12 @@ impl<'a> Engine<'a> {
 
     /// Workers eligible for `cs` (and inside `within`, if given) grouped by their value of
     /// `key`, in try order: soft score (desc), then group value.
-    pub(crate) fn groups(&self, cs: usize, key: &str, within: Option<&BTreeSet<usize>>) -> Vec<Group> {
+    pub(crate) fn groups(
+        &self,
+        cs: usize,
+        key: &str,
+        within: Option<&BTreeSet<usize>>,
+    ) -> Vec<Group> {
         let set = &self.csets[cs];
         let mut by_value: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (w, worker) in self.workers.iter().enumerate() {
@@ -490,7 +518,12 @@ impl<'a> Engine<'a> {
 
     /// Zips gang tasks onto distinct hosts of `hosts` (already in host order): each task takes
     /// the next host that is open, eligible for its constraints and has room. All or nothing.
-    pub(crate) fn zip_gang(&self, tasks: &[usize], css: &[usize], hosts: &[usize]) -> Option<Vec<usize>> {
+    pub(crate) fn zip_gang(
+        &self,
+        tasks: &[usize],
+        css: &[usize],
+        hosts: &[usize],
+    ) -> Option<Vec<usize>> {
         let mut picks = Vec::with_capacity(tasks.len());
         let mut next = 0;
         for (k, &p) in tasks.iter().enumerate() {
@@ -566,7 +599,7 @@ impl<'a> Engine<'a> {
             let t = &self.pending[p];
             let reason = match &self.status[p] {
                 Status::Assigned => continue,
-                Status::Untouched => "Not considered this cycle (duplicate task key)".to_string(),
+                Status::Untouched => "Not considered this cycle".to_string(),
                 Status::Capped => format!(
                     "Per-job cycle cap reached: at most {} tasks of job {} are considered per cycle",
                     self.policy.max_tasks_per_job_per_cycle, t.job
@@ -593,7 +626,10 @@ impl<'a> Engine<'a> {
         if let Some(r) = memo.reasons.get(&key) {
             return r.clone();
         }
-        let summary = memo.summaries.entry(cs).or_insert_with(|| self.summarize(cs));
+        let summary = memo
+            .summaries
+            .entry(cs)
+            .or_insert_with(|| self.summarize(cs));
         let reason = self.diagnose(cs, summary, req);
         memo.reasons.insert(key, reason.clone());
         reason
@@ -601,7 +637,9 @@ impl<'a> Engine<'a> {
 
     fn summarize(&self, cs: usize) -> Summary {
         let set = &self.csets[cs];
-        let eligible: Vec<usize> = (0..self.workers.len()).filter(|&w| set.eligible[w]).collect();
+        let eligible: Vec<usize> = (0..self.workers.len())
+            .filter(|&w| set.eligible[w])
+            .collect();
         let mut best = [(i64::MIN, usize::MAX); 4];
         let mut largest = [0i64; 4];
         for &w in &eligible {
@@ -647,7 +685,11 @@ impl<'a> Engine<'a> {
             } else if largest < need {
                 format!("largest has {} in total", d.amount(largest))
             } else {
-                format!("best: {} {} free", self.workers[w].id, d.amount(have.max(0)))
+                format!(
+                    "best: {} {} free",
+                    self.workers[w].id,
+                    d.amount(have.max(0))
+                )
             };
             short.push(format!(
                 "no {scope} has {} {} free ({detail})",
@@ -706,13 +748,47 @@ impl<'a> Engine<'a> {
             }
         }
         let all: Vec<String> = hard.iter().map(|c| c.to_string()).collect();
-        format!("No worker matches all constraints together: {}", all.join(" AND "))
+        format!(
+            "No worker matches all constraints together: {}",
+            all.join(" AND ")
+        )
     }
 
     /// Normalized device variant of running task `r`.
     pub(crate) fn running_variant(&self, r: usize) -> String {
         normalize(&self.running[r].device_variant)
     }
+}
+
+/// Appends an unambiguous encoding of `c` (mode excluded) to `key`.
+fn push_constraint_key(key: &mut String, c: &Constraint) {
+    fn push_value(key: &mut String, v: &AttrValue) {
+        match v {
+            AttrValue::Str(s) => {
+                key.push('s');
+                key.push_str(s);
+            }
+            AttrValue::Int(i) => {
+                let _ = write!(key, "i{i}");
+            }
+            AttrValue::Float(f) => {
+                let _ = write!(key, "f{:x}", f.to_bits());
+            }
+        }
+        key.push('\u{1}');
+    }
+    key.push_str(&c.key);
+    key.push('\u{1}');
+    key.push_str(c.op.name());
+    key.push('\u{1}');
+    if let Some(v) = &c.value {
+        push_value(key, v);
+    }
+    key.push('\u{2}');
+    for v in &c.values {
+        push_value(key, v);
+    }
+    key.push('\u{3}');
 }
 
 /// The numeric suffix of a task key (`/u/j/12` → 12); keys without one sort last.
@@ -734,5 +810,30 @@ pub(crate) fn host_order_key(w: &Worker) -> (u8, i64, String) {
         },
         Some(v @ AttrValue::Float(_)) => (1, 0, canonical(v)),
         None => (2, 0, String::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_fallback_agrees_with_the_tree() {
+        let free: Vec<Resources> = (0..40)
+            .map(|i| Resources::cpu_mem(1000 * (i % 7), (i % 5) << 30))
+            .collect();
+        let mut cap = Capacity::for_test(free, 3, 2);
+        let order: Vec<usize> = (0..40).rev().filter(|w| w % 3 != 0).collect();
+        let mut tree = Finder::Tree(FirstFit::new(order.clone(), &cap));
+        let mut scan = Finder::Scan(order);
+        for i in 0..200i64 {
+            let req = Resources::cpu_mem(1000 * (i % 6), (i % 4) << 30);
+            let a = tree.find(&req, &cap).map(|f| f.1);
+            let b = scan.find(&req, &cap).map(|f| f.1);
+            assert_eq!(a, b, "request {i}");
+            if let Some(w) = a {
+                cap.take(w, &req);
+            }
+        }
     }
 }

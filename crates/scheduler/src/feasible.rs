@@ -97,7 +97,10 @@ mod tests {
                 .attr("device-variant", "a100")
                 .attr("region", "us-east")
                 .build(),
-            worker("tpu-1").attr("tpu-name", "s1").attr("region", "us-east").build(),
+            worker("tpu-1")
+                .attr("tpu-name", "s1")
+                .attr("region", "us-east")
+                .build(),
             worker("tpu-2").attr("tpu-name", "s1").build(),
             worker("tpu-3").attr("tpu-name", "s1").unhealthy().build(),
             worker("tpu-4").attr("tpu-name", "s2").build(),
@@ -106,7 +109,10 @@ mod tests {
 
     #[test]
     fn feasible_job_passes() {
-        assert_eq!(feasible_anywhere(&res(1000, 1), &[], None, 100, &workers()), Ok(()));
+        assert_eq!(
+            feasible_anywhere(&res(1000, 1), &[], None, 100, &workers()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -132,7 +138,10 @@ mod tests {
         );
         // Preferred constraints never make a job infeasible.
         let soft = Constraint::equals("device-variant", "h100").preferred();
-        assert_eq!(feasible_anywhere(&res(1000, 1), &[soft], None, 1, &workers()), Ok(()));
+        assert_eq!(
+            feasible_anywhere(&res(1000, 1), &[soft], None, 1, &workers()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -177,8 +186,10 @@ mod tests {
         assert!(feasible_anywhere(&res(1000, 1), &[], Some(" "), 1, &workers()).is_err());
         assert_eq!(
             feasible_anywhere(&res(1000, 1), &[], Some("pool"), 1, &workers()),
-            Err("coscheduled job needs 1 workers sharing one value of pool; largest group has 0"
-                .to_string())
+            Err(
+                "coscheduled job needs 1 workers sharing one value of pool; largest group has 0"
+                    .to_string()
+            )
         );
     }
 

@@ -25,13 +25,31 @@
 //!      checked. A worker takes nothing more once it holds `max_building_per_worker`
 //!      ASSIGNED/BUILDING tasks (counting this plan's) or received
 //!      `max_assignments_per_worker_per_cycle` assignments in this plan.
-//! 3. **Explain** every unplaced task in [`Plan::pending_reasons`].
-//! 4. **Preempt** for what is still unplaced, in the same order ([`Preemption`]); preemptors are
-//!    assigned to the freed workers in the same plan. Only RUNNING tasks of a strictly lower band
-//!    are victims; see the reference §4.6 and the `preempt` module for the exact rules.
+//! 3. **Explain** every unplaced task in [`Plan::pending_reasons`]. Reasons describe the state
+//!    at the end of placement (e.g. "Waiting for resources: no healthy worker has 12000m cpu free
+//!    (best: worker-a 4000m free)", "No worker matches constraint region EQ us-west",
+//!    "Per-job cycle cap reached: …", "Coscheduled job /u/j needs 4 workers sharing one value of
+//!    'pool' with cpu=…, memory=… each; best group 'a' has 3 with room now").
+//! 4. **Preempt** for what is still unplaced, in the same unit order. Candidates are tasks that
+//!    found no worker, plus tasks skipped behind them that ask for at least as much under the
+//!    same constraints (so they provably cannot fit either); capped tasks never preempt. Only
+//!    RUNNING tasks of a strictly lower band are victims (Batch never preempts), each victim at
+//!    most once per plan, and the preemptor is assigned to the freed worker in the same plan
+//!    (it is listed in both [`Plan::assignments`] and, as `by`, in [`Plan::preemptions`]).
+//!    The per-cycle limit and build back-pressure apply to preemptors too.
+//!    * Solo preemptor: exactly one victim, not part of a slice, with the same device variant,
+//!      on a healthy worker satisfying the preemptor's hard constraints, whose eviction makes
+//!      the preemptor fit there. Candidates in order: lowest band first, then cheapest
+//!      (accelerators, then cpu, then memory), then task key.
+//!    * Gang preemptor (band = the lowest band among its tasks): first a whole running slice
+//!      (coscheduled job, every member RUNNING, strictly lower band, same variant, at least as many
+//!      tasks) whose hosts, once freed, form a valid group for the gang (lowest band, then
+//!      smallest slice first); otherwise, group by group, hosts where evicting lower-band solo
+//!      RUNNING co-tenants (cheapest first, unneeded ones dropped) makes room for the gang's
+//!      largest task, preferring hosts that need the fewest evictions.
 //!
 //! Submit-time checks use [`feasible_anywhere`]; constraints are evaluated by
-//! [`constraint_matches`].
+//! [`constraint_matches`]. Task keys and worker ids are assumed unique.
 
 mod constraint;
 mod engine;
@@ -41,9 +59,9 @@ mod model;
 mod order;
 mod preempt;
 #[cfg(test)]
-mod testutil;
-#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod testutil;
 
 pub use constraint::{constraint_matches, ConstraintError};
 pub use feasible::feasible_anywhere;

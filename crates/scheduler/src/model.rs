@@ -25,7 +25,12 @@ pub enum Band {
 
 impl Band {
     /// All bands, highest first.
-    pub const ALL: [Band; 4] = [Band::System, Band::Production, Band::Interactive, Band::Batch];
+    pub const ALL: [Band; 4] = [
+        Band::System,
+        Band::Production,
+        Band::Interactive,
+        Band::Batch,
+    ];
 
     /// Rank: 0 is the highest priority.
     pub fn rank(self) -> u8 {

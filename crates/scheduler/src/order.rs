@@ -20,8 +20,10 @@ pub(crate) fn base_cmp(a: &PendingTask, b: &PendingTask) -> Ordering {
 ///
 /// Bands go in rank order (System, Production, Interactive, Batch). Within a band, users take
 /// turns, one task each per round, in ascending order of `user_spend` (missing = 0; ties by
-/// user name); each user's tasks keep [the base order](base_cmp). The result depends only on the
-/// set of tasks, not on their order in `pending` (task keys are assumed unique).
+/// user name). Each user's tasks keep the base order: `depth` descending (deeper jobs first),
+/// then `root_submitted_ms`, `submitted_ms` and `insertion` ascending, then task key. The result
+/// depends only on the set of tasks, not on their order in `pending` (task keys are assumed
+/// unique).
 pub fn order_pending(pending: &[PendingTask], user_spend: &BTreeMap<String, i64>) -> Vec<usize> {
     let mut out = Vec::with_capacity(pending.len());
     for band in Band::ALL {
@@ -112,8 +114,16 @@ mod tests {
     fn base_order_within_a_user() {
         let p = vec![
             pending("/u/late/0").root_submitted(5).submitted(5).build(),
-            pending("/u/early/1").root_submitted(1).submitted(1).insertion(1).build(),
-            pending("/u/early/0").root_submitted(1).submitted(1).insertion(0).build(),
+            pending("/u/early/1")
+                .root_submitted(1)
+                .submitted(1)
+                .insertion(1)
+                .build(),
+            pending("/u/early/0")
+                .root_submitted(1)
+                .submitted(1)
+                .insertion(0)
+                .build(),
             pending("/u/early/child/0")
                 .depth(2)
                 .root_submitted(1)

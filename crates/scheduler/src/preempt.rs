@@ -44,7 +44,10 @@ impl<'a> Engine<'a> {
         let mut solo_victims: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (r, rt) in self.running.iter().enumerate() {
             if rt.running && !rt.coscheduled && self.running_worker[r].is_some() {
-                solo_victims.entry(self.running_variant(r)).or_default().push(r);
+                solo_victims
+                    .entry(self.running_variant(r))
+                    .or_default()
+                    .push(r);
             }
         }
         for list in solo_victims.values_mut() {
@@ -229,9 +232,9 @@ impl<'a> Engine<'a> {
     }
 
     fn preempt_cotenants(&mut self, tasks: &[usize], css: &[usize], band: Band, key: &str) -> bool {
-        let need = tasks
-            .iter()
-            .fold(Resources::default(), |acc, &p| acc.component_max(&self.pending[p].resources));
+        let need = tasks.iter().fold(Resources::default(), |acc, &p| {
+            acc.component_max(&self.pending[p].resources)
+        });
         for g in self.all_groups(css[0], key) {
             // (victim count, position in host order, worker, victims)
             let mut usable: Vec<(usize, usize, usize, Vec<usize>)> = Vec::new();

@@ -128,7 +128,12 @@ fn at_most_four_new_assignments_per_worker_per_cycle() {
 fn build_back_pressure_counts_assigned_and_building_tasks() {
     // 6 tasks already ASSIGNED/BUILDING and one RUNNING: 2 more may be assigned.
     let mut running_tasks: Vec<_> = (0..6)
-        .map(|i| running(&format!("/x/b/{i}"), "w").cpu(10).building().build())
+        .map(|i| {
+            running(&format!("/x/b/{i}"), "w")
+                .cpu(10)
+                .building()
+                .build()
+        })
         .collect();
     running_tasks.push(running("/x/r/0", "w").cpu(10).build());
     let pending: Vec<_> = (0..4)
@@ -158,7 +163,12 @@ fn per_job_cap_limits_tasks_considered() {
     let plan = run(&s);
     assert_eq!(
         placed(&plan),
-        [("/u/j/0", "a"), ("/u/j/1", "a"), ("/u/j/2", "a"), ("/u/j/3", "a")]
+        [
+            ("/u/j/0", "a"),
+            ("/u/j/1", "a"),
+            ("/u/j/2", "a"),
+            ("/u/j/3", "a")
+        ]
     );
     assert_eq!(
         reason(&plan, "/u/j/4"),
@@ -171,7 +181,10 @@ fn per_job_cap_limits_tasks_considered() {
 fn a_job_that_fails_skips_its_remaining_tasks_but_not_other_jobs() {
     let s = snap(
         vec![worker("w").cpu(8000).build()],
-        vec![running("/x/r/0", "w").band(Band::Interactive).cpu(5000).build()],
+        vec![running("/x/r/0", "w")
+            .band(Band::Interactive)
+            .cpu(5000)
+            .build()],
         vec![
             pending("/a/big/0").cpu(4000).build(),
             pending("/a/big/1").cpu(1000).build(), // would fit, but the job is blocked
@@ -219,10 +232,7 @@ fn users_with_less_spend_go_first() {
         ..snap(
             vec![worker("w").cpu(1000).build()],
             vec![],
-            vec![
-                pending("/alice/j/0").build(),
-                pending("/bob/j/0").build(),
-            ],
+            vec![pending("/alice/j/0").build(), pending("/bob/j/0").build()],
         )
     };
     assert_eq!(placed(&run(&s)), [("/bob/j/0", "w")]);
@@ -285,7 +295,10 @@ fn constraint_errors_count_as_no_match() {
     );
     let plan = run(&s);
     assert!(plan.assignments.is_empty());
-    assert_eq!(reason(&plan, "/u/j/0"), "No worker matches constraint zone GT 1");
+    assert_eq!(
+        reason(&plan, "/u/j/0"),
+        "No worker matches constraint zone GT 1"
+    );
 }
 
 #[test]
@@ -293,7 +306,10 @@ fn preferred_constraints_rank_workers() {
     let s = snap(
         vec![
             worker("a").attr("zone", "x").build(),
-            worker("b").attr("zone", "y").attr("preemptible", "true").build(),
+            worker("b")
+                .attr("zone", "y")
+                .attr("preemptible", "true")
+                .build(),
             worker("c").attr("zone", "y").build(),
         ],
         vec![],
@@ -395,8 +411,14 @@ fn gang_zips_tasks_onto_hosts_by_tpu_worker_id() {
 fn gang_hosts_sort_numerically_with_missing_last() {
     let workers = vec![
         worker("a").attr("tpu-name", "s").build(),
-        worker("b").attr("tpu-name", "s").attr("tpu-worker-id", "10").build(),
-        worker("c").attr("tpu-name", "s").attr("tpu-worker-id", 9).build(),
+        worker("b")
+            .attr("tpu-name", "s")
+            .attr("tpu-worker-id", "10")
+            .build(),
+        worker("c")
+            .attr("tpu-name", "s")
+            .attr("tpu-worker-id", 9)
+            .build(),
     ];
     let s = snap(workers, vec![], gang("/u/g", 3));
     assert_eq!(
@@ -428,10 +450,7 @@ fn gang_skips_groups_without_room() {
         vec![running("/x/r/0", "a-0").cpu(6000).build()],
         gang("/u/g", 2),
     );
-    assert_eq!(
-        placed(&run(&s)),
-        [("/u/g/0", "b-1"), ("/u/g/1", "b-0")]
-    );
+    assert_eq!(placed(&run(&s)), [("/u/g/0", "b-1"), ("/u/g/1", "b-0")]);
 }
 
 #[test]
@@ -443,7 +462,8 @@ fn gang_groups_are_tried_by_soft_score_then_value() {
     }));
     let mut tasks = gang("/u/g", 2);
     for t in &mut tasks {
-        t.constraints.push(Constraint::equals("zone", "z").preferred());
+        t.constraints
+            .push(Constraint::equals("zone", "z").preferred());
     }
     let s = snap(workers.clone(), vec![], tasks);
     assert_eq!(placed(&run(&s)), [("/u/g/0", "b-1"), ("/u/g/1", "b-0")]);
@@ -466,14 +486,10 @@ fn gangs_go_before_solo_tasks_of_their_band_but_after_higher_bands() {
         pending("/a/solo/0").cpu(8000).submitted(0).build(),
         pending("/a/sys/0").band(Band::System).cpu(8000).build(),
     ];
-    pending.extend(
-        gang("/b/g", 1)
-            .into_iter()
-            .map(|mut t| {
-                t.submitted_ms = 100;
-                t
-            }),
-    );
+    pending.extend(gang("/b/g", 1).into_iter().map(|mut t| {
+        t.submitted_ms = 100;
+        t
+    }));
     let s = snap(workers, vec![], pending);
     let plan = run(&s);
     assert_eq!(placed(&plan), [("/a/sys/0", "s-0"), ("/b/g/0", "s-1")]);
@@ -497,7 +513,10 @@ fn higher_band_preempts_and_takes_the_freed_worker() {
     let s = snap(
         vec![worker("w").build()],
         vec![running("/x/batch/0", "w").cpu(8000).build()],
-        vec![pending("/u/prod/0").band(Band::Production).cpu(4000).build()],
+        vec![pending("/u/prod/0")
+            .band(Band::Production)
+            .cpu(4000)
+            .build()],
     );
     let plan = run(&s);
     assert_eq!(evicted(&plan), [("/x/batch/0", "w", "/u/prod/0")]);
@@ -526,9 +545,16 @@ fn never_within_a_band_and_batch_never_preempts() {
 #[test]
 fn victims_lowest_band_first_then_cheapest() {
     let s = snap(
-        vec![worker("a").build(), worker("b").build(), worker("c").build()],
         vec![
-            running("/x/int/0", "a").band(Band::Interactive).cpu(8000).build(),
+            worker("a").build(),
+            worker("b").build(),
+            worker("c").build(),
+        ],
+        vec![
+            running("/x/int/0", "a")
+                .band(Band::Interactive)
+                .cpu(8000)
+                .build(),
             running("/x/big/0", "b").cpu(8000).build(),
             running("/x/small/0", "c").cpu(6000).build(),
             running("/x/small/1", "c").cpu(2000).build(),
@@ -547,7 +573,10 @@ fn freeing_the_victim_must_be_enough() {
         vec![worker("a").build(), worker("b").build()],
         vec![
             running("/x/tiny/0", "a").cpu(1000).build(),
-            running("/x/prod/0", "a").band(Band::Production).cpu(7000).build(),
+            running("/x/prod/0", "a")
+                .band(Band::Production)
+                .cpu(7000)
+                .build(),
             running("/x/big/0", "b").cpu(8000).build(),
         ],
         vec![pending("/u/p/0").band(Band::Production).cpu(4000).build()],
@@ -561,7 +590,11 @@ fn victim_must_share_the_device_variant() {
     let s = snap(
         vec![worker("g").gpu(8, "h100").build()],
         vec![running("/x/cpu/0", "g").cpu(8000).build()],
-        vec![pending("/u/p/0").band(Band::Production).gpu(1, "h100").cpu(4000).build()],
+        vec![pending("/u/p/0")
+            .band(Band::Production)
+            .gpu(1, "h100")
+            .cpu(4000)
+            .build()],
     );
     let plan = run(&s);
     assert!(plan.preemptions.is_empty());
@@ -637,11 +670,20 @@ fn solo_preemptor_never_tears_down_a_slice() {
 #[test]
 fn capped_tasks_do_not_preempt_but_blocked_tasks_of_the_same_shape_do() {
     let running_tasks: Vec<_> = (0..6)
-        .map(|i| running(&format!("/x/b{i}/0"), &format!("w{i}")).cpu(8000).build())
+        .map(|i| {
+            running(&format!("/x/b{i}/0"), &format!("w{i}"))
+                .cpu(8000)
+                .build()
+        })
         .collect();
     let workers: Vec<_> = (0..6).map(|i| worker(&format!("w{i}")).build()).collect();
     let pending: Vec<_> = (0..6)
-        .map(|i| pending(&format!("/u/p/{i}")).band(Band::Production).cpu(8000).build())
+        .map(|i| {
+            pending(&format!("/u/p/{i}"))
+                .band(Band::Production)
+                .cpu(8000)
+                .build()
+        })
         .collect();
     let plan = run(&snap(workers, running_tasks, pending));
     assert_eq!(plan.preemptions.len(), 4);
@@ -665,7 +707,10 @@ fn gang_preempts_a_whole_lower_band_slice() {
     let plan = run(&snap(workers, running_tasks, tasks));
     assert_eq!(
         evicted(&plan),
-        [("/x/slice/0", "s-1", "/u/g/0"), ("/x/slice/1", "s-0", "/u/g/1")]
+        [
+            ("/x/slice/0", "s-1", "/u/g/0"),
+            ("/x/slice/1", "s-0", "/u/g/1")
+        ]
     );
     assert_eq!(placed(&plan), [("/u/g/0", "s-1"), ("/u/g/1", "s-0")]);
     assert!(plan.pending_reasons.is_empty());
@@ -675,8 +720,16 @@ fn gang_preempts_a_whole_lower_band_slice() {
 fn gang_does_not_preempt_a_slice_of_its_own_band() {
     let workers = slice_hosts("s", 2);
     let running_tasks = vec![
-        running("/x/slice/0", "s-1").band(Band::Interactive).cpu(8000).coscheduled().build(),
-        running("/x/slice/1", "s-0").band(Band::Interactive).cpu(8000).coscheduled().build(),
+        running("/x/slice/0", "s-1")
+            .band(Band::Interactive)
+            .cpu(8000)
+            .coscheduled()
+            .build(),
+        running("/x/slice/1", "s-0")
+            .band(Band::Interactive)
+            .cpu(8000)
+            .coscheduled()
+            .build(),
     ];
     let plan = run(&snap(workers, running_tasks, gang("/u/g", 2)));
     assert!(plan.preemptions.is_empty());
@@ -691,7 +744,10 @@ fn gang_evicts_solo_cotenants_on_enough_hosts_of_one_group() {
         running("/x/b/0", "s-1").cpu(2000).build(),
         running("/x/c/0", "s-1").cpu(6000).build(),
         // A sibling of higher band on s-0: that host is not usable.
-        running("/x/prod/0", "s-0").band(Band::Production).cpu(6000).build(),
+        running("/x/prod/0", "s-0")
+            .band(Band::Production)
+            .cpu(6000)
+            .build(),
     ];
     let mut tasks = gang("/u/g", 2);
     for t in &mut tasks {

@@ -14,6 +14,16 @@ fn band(i: u8) -> Band {
     Band::ALL[usize::from(i % 4)]
 }
 
+/// Raw worker: (total, variant, region, pool, tpu-worker-id, healthy).
+type RawWorker = (
+    Resources,
+    String,
+    Option<usize>,
+    Option<usize>,
+    Option<i64>,
+    bool,
+);
+
 prop_compose! {
     fn arb_worker()(
         cpu in prop_oneof![1 => Just(0i64), 6 => 2000i64..16000],
@@ -24,16 +34,14 @@ prop_compose! {
         pool in proptest::option::weighted(0.8, 0usize..3),
         tpu_id in proptest::option::weighted(0.7, 0i64..4),
         healthy in proptest::bool::weighted(0.9),
-    ) -> (Resources, String, Option<usize>, Option<usize>, Option<i64>, bool) {
+    ) -> RawWorker {
         let total = Resources { cpu_millicores: cpu, memory_bytes: mem * GIB, gpu, ..Resources::default() };
         let variant = if gpu > 0 { VARIANTS[variant].to_string() } else { String::new() };
         (total, variant, region, pool, tpu_id, healthy)
     }
 }
 
-fn build_workers(
-    raw: Vec<(Resources, String, Option<usize>, Option<usize>, Option<i64>, bool)>,
-) -> Vec<Worker> {
+fn build_workers(raw: Vec<RawWorker>) -> Vec<Worker> {
     raw.into_iter()
         .enumerate()
         .map(|(i, (total, variant, region, pool, tpu_id, healthy))| {
@@ -144,8 +152,7 @@ fn arb_job() -> impl Strategy<Value = RawJob> {
 
 fn build_pending(raw: Vec<RawJob>) -> Vec<PendingTask> {
     let mut out = Vec::new();
-    for (j, (user, b, cpu, mem, gpu, variant, n, gang, ckind, depth)) in
-        raw.into_iter().enumerate()
+    for (j, (user, b, cpu, mem, gpu, variant, n, gang, ckind, depth)) in raw.into_iter().enumerate()
     {
         let user = format!("u{user}");
         let job = format!("/{user}/job{j}");
@@ -159,10 +166,7 @@ fn build_pending(raw: Vec<RawJob>) -> Vec<PendingTask> {
                 ConstraintOp::Gt,
                 Some(AttrValue::Int(1)),
             )),
-            4 => constraints.push(Constraint::one_of(
-                "pool",
-                vec!["p0".into(), "P1 ".into()],
-            )),
+            4 => constraints.push(Constraint::one_of("pool", vec!["p0".into(), "P1 ".into()])),
             _ => {}
         }
         if !variant.is_empty() {

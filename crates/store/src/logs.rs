@@ -67,7 +67,11 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
 }
 
 /// Appends lines under `key` in one transaction.
-pub fn append(conn: &mut Connection, key: &str, lines: &[(String, String, i64, i32)]) -> rusqlite::Result<()> {
+pub fn append(
+    conn: &mut Connection,
+    key: &str,
+    lines: &[(String, String, i64, i32)],
+) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
         let mut st = tx.prepare_cached(
@@ -94,7 +98,11 @@ fn prefix_upper(prefix: &str) -> Option<String> {
 
 /// Parses a level name (`DEBUG`…`CRITICAL`); empty is 0 (no filter).
 pub fn parse_level(s: &str) -> Result<i32, String> {
-    match s.trim().to_ascii_uppercase().trim_start_matches("LOG_LEVEL_") {
+    match s
+        .trim()
+        .to_ascii_uppercase()
+        .trim_start_matches("LOG_LEVEL_")
+    {
         "" => Ok(0),
         "DEBUG" => Ok(LEVEL_DEBUG),
         "INFO" => Ok(LEVEL_INFO),
@@ -120,14 +128,20 @@ pub enum FetchError {
 /// returned, or the request cursor when nothing matched).
 pub fn fetch(conn: &Connection, q: &FetchQuery) -> Result<(Vec<LogLine>, i64), FetchError> {
     let key_re = if q.scope == Scope::Regex {
-        Some(regex::Regex::new(&q.source).map_err(|e| FetchError::BadRegex(q.source.clone(), e.to_string()))?)
+        Some(
+            regex::Regex::new(&q.source)
+                .map_err(|e| FetchError::BadRegex(q.source.clone(), e.to_string()))?,
+        )
     } else {
         None
     };
     let data_re = if q.regex.is_empty() {
         None
     } else {
-        Some(regex::Regex::new(&q.regex).map_err(|e| FetchError::BadRegex(q.regex.clone(), e.to_string()))?)
+        Some(
+            regex::Regex::new(&q.regex)
+                .map_err(|e| FetchError::BadRegex(q.regex.clone(), e.to_string()))?,
+        )
     };
     let max = if q.max_lines == 0 { 1000 } else { q.max_lines };
     let (key_clause, upper) = match q.scope {
@@ -146,8 +160,19 @@ pub fn fetch(conn: &Connection, q: &FetchQuery) -> Result<(Vec<LogLine>, i64), F
          ORDER BY seq {order}"
     );
     let mut st = conn.prepare_cached(&sql)?;
-    let min_level = if q.min_level > 0 { q.min_level } else { i32::MIN };
-    let mut rows = st.query(params![q.source, q.cursor, q.until_cursor, q.since_ms, min_level, upper])?;
+    let min_level = if q.min_level > 0 {
+        q.min_level
+    } else {
+        i32::MIN
+    };
+    let mut rows = st.query(params![
+        q.source,
+        q.cursor,
+        q.until_cursor,
+        q.since_ms,
+        min_level,
+        upper
+    ])?;
     let mut out = Vec::new();
     while let Some(r) = rows.next()? {
         let line = LogLine {
@@ -179,7 +204,12 @@ pub fn fetch(conn: &Connection, q: &FetchQuery) -> Result<(Vec<LogLine>, i64), F
     if q.tail {
         out.reverse();
     }
-    let cursor = out.iter().map(|l| l.seq).max().unwrap_or(q.cursor).max(q.cursor);
+    let cursor = out
+        .iter()
+        .map(|l| l.seq)
+        .max()
+        .unwrap_or(q.cursor)
+        .max(q.cursor);
     Ok((out, cursor))
 }
 
@@ -207,26 +237,86 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut c = open(&dir.path().join("logs.sqlite3")).expect("open");
         let lines: Vec<(String, String, i64, i32)> = (1..=1500)
-            .map(|i| ("stdout".to_string(), format!("line {i}"), 1000 + i, LEVEL_INFO))
+            .map(|i| {
+                (
+                    "stdout".to_string(),
+                    format!("line {i}"),
+                    1000 + i,
+                    LEVEL_INFO,
+                )
+            })
             .collect();
         append(&mut c, "/u/j/0:0", &lines).expect("append");
-        append(&mut c, "/u/j2/0:0", &[("stderr".into(), "other".into(), 5, LEVEL_ERROR)]).expect("append");
-        let (all, cur) = fetch(&c, &FetchQuery { max_lines: 0, tail: true, ..q("/u/j/", Scope::Prefix) }).expect("fetch");
+        append(
+            &mut c,
+            "/u/j2/0:0",
+            &[("stderr".into(), "other".into(), 5, LEVEL_ERROR)],
+        )
+        .expect("append");
+        let (all, cur) = fetch(
+            &c,
+            &FetchQuery {
+                max_lines: 0,
+                tail: true,
+                ..q("/u/j/", Scope::Prefix)
+            },
+        )
+        .expect("fetch");
         assert_eq!(all.len(), 1000);
         assert_eq!(all[0].data, "line 501");
         assert_eq!(all[999].data, "line 1500");
         assert_eq!(cur, all[999].seq);
-        let (head, _) = fetch(&c, &FetchQuery { max_lines: 3, ..q("/u/j/", Scope::Prefix) }).expect("fetch");
-        assert_eq!(head.iter().map(|l| l.data.as_str()).collect::<Vec<_>>(), ["line 1", "line 2", "line 3"]);
-        let (none, cur) = fetch(&c, &FetchQuery { cursor: 99999, ..q("/u/j/", Scope::Prefix) }).expect("fetch");
+        let (head, _) = fetch(
+            &c,
+            &FetchQuery {
+                max_lines: 3,
+                ..q("/u/j/", Scope::Prefix)
+            },
+        )
+        .expect("fetch");
+        assert_eq!(
+            head.iter().map(|l| l.data.as_str()).collect::<Vec<_>>(),
+            ["line 1", "line 2", "line 3"]
+        );
+        let (none, cur) = fetch(
+            &c,
+            &FetchQuery {
+                cursor: 99999,
+                ..q("/u/j/", Scope::Prefix)
+            },
+        )
+        .expect("fetch");
         assert!(none.is_empty());
         assert_eq!(cur, 99999);
         let (ex, _) = fetch(&c, &q("/u/j2/0:0", Scope::Exact)).expect("fetch");
         assert_eq!(ex.len(), 1);
-        let (re, _) = fetch(&c, &FetchQuery { regex: "^line 14[0-9]{2}$".into(), ..q("/u/j/0:0", Scope::Exact) }).expect("fetch");
+        let (re, _) = fetch(
+            &c,
+            &FetchQuery {
+                regex: "^line 14[0-9]{2}$".into(),
+                ..q("/u/j/0:0", Scope::Exact)
+            },
+        )
+        .expect("fetch");
         assert_eq!(re.len(), 100);
-        let (lvl, _) = fetch(&c, &FetchQuery { min_level: LEVEL_ERROR, ..q("^/u/", Scope::Regex) }).expect("fetch");
+        let (lvl, _) = fetch(
+            &c,
+            &FetchQuery {
+                min_level: LEVEL_ERROR,
+                ..q("^/u/", Scope::Regex)
+            },
+        )
+        .expect("fetch");
         assert_eq!(lvl.len(), 1);
-        assert!(matches!(fetch(&c, &FetchQuery { regex: "[".into(), ..q("/u/", Scope::Prefix) }), Err(FetchError::BadRegex(..))));
+        assert!(matches!(
+            fetch(
+                &c,
+                &FetchQuery {
+                    regex: "[".into(),
+                    ..q("/u/", Scope::Prefix)
+                }
+            ),
+            Err(FetchError::BadRegex(..))
+        ));
     }
 }

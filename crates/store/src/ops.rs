@@ -71,7 +71,11 @@ pub fn insert_job(tx: &Connection, j: &NewJob, now: i64) -> Result<i64> {
             .unwrap_or(submitted),
         None => submitted,
     };
-    let deadline = j.cfg.scheduling_timeout_ms.filter(|t| *t > 0).map(|t| submitted + t);
+    let deadline = j
+        .cfg
+        .scheduling_timeout_ms
+        .filter(|t| *t > 0)
+        .map(|t| submitted + t);
     let (state, err, finished) = match &j.failed {
         Some(e) => (JobState::Failed.code(), Some(e.clone()), Some(submitted)),
         None => (JobState::Pending.code(), None, None),
@@ -134,8 +138,10 @@ pub fn insert_job(tx: &Connection, j: &NewJob, now: i64) -> Result<i64> {
         c.request_blob,
     ])?;
     for (name, data) in &j.workdir_files {
-        tx.prepare_cached("INSERT INTO job_workdir_files(job_id, filename, data) VALUES (?1,?2,?3)")?
-            .execute(params![j.job_id, name, data])?;
+        tx.prepare_cached(
+            "INSERT INTO job_workdir_files(job_id, filename, data) VALUES (?1,?2,?3)",
+        )?
+        .execute(params![j.job_id, name, data])?;
     }
     if num_tasks > 0 {
         let first = meta_reserve(tx, "task_priority_insertion", num_tasks as i64)?;
@@ -350,7 +356,10 @@ fn apply_raw(
     };
     let kind = if matches!(
         step.task,
-        TaskState::Failed | TaskState::WorkerFailed | TaskState::Preempted | TaskState::CoschedFailed
+        TaskState::Failed
+            | TaskState::WorkerFailed
+            | TaskState::Preempted
+            | TaskState::CoschedFailed
     ) || step.reason == "TaskRetryScheduled"
         || step.reason == "Preempted"
     {
@@ -392,7 +401,8 @@ pub fn apply_task_event(
     now: i64,
     source: &str,
 ) -> Result<Option<TaskState>> {
-    let Some((step, job_id, cascade)) = apply_raw(tx, task_id, event, exit_code, finish, now, source)?
+    let Some((step, job_id, cascade)) =
+        apply_raw(tx, task_id, event, exit_code, finish, now, source)?
     else {
         return Ok(None);
     };
@@ -413,7 +423,15 @@ pub fn apply_task_event(
                     sibling: task_id.to_string(),
                 },
             };
-            apply_raw(tx, &sib, &ev, None, Finish::AwaitWorker, now, "iris/controller")?;
+            apply_raw(
+                tx,
+                &sib,
+                &ev,
+                None,
+                Finish::AwaitWorker,
+                now,
+                "iris/controller",
+            )?;
         }
     }
     recompute_job(tx, &job_id, now)?;
@@ -529,9 +547,8 @@ pub fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
             }
         }
         // TERMINATE_CHILDREN=1, PRESERVE_CHILDREN=2; unspecified: terminate for 1-task jobs.
-        let terminate_children = next == JobState::Succeeded
-            || policy == 1
-            || (policy == 0 && num_tasks <= 1);
+        let terminate_children =
+            next == JobState::Succeeded || policy == 1 || (policy == 0 && num_tasks <= 1);
         if terminate_children {
             let children: Vec<String> = {
                 let mut st = tx.prepare_cached(
@@ -541,7 +558,13 @@ pub fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
                 rows.collect::<std::result::Result<_, _>>()?
             };
             for c in children {
-                kill_subtree(tx, &c, "Parent job terminated", "Parent job terminated", now)?;
+                kill_subtree(
+                    tx,
+                    &c,
+                    "Parent job terminated",
+                    "Parent job terminated",
+                    now,
+                )?;
             }
         }
     }
@@ -568,7 +591,11 @@ pub fn kill_subtree(
         return Ok(false);
     }
     for (jid, state) in &jobs {
-        let reason = if jid == job_id { root_reason } else { child_reason };
+        let reason = if jid == job_id {
+            root_reason
+        } else {
+            child_reason
+        };
         let st = JobState::from_code(*state).unwrap_or(JobState::Unspecified);
         if st.is_terminal() && st != JobState::WorkerFailed {
             continue;
@@ -618,7 +645,15 @@ pub fn complete_job(tx: &Connection, job_id: &str, now: i64) -> Result<bool> {
         rows.collect::<std::result::Result<_, _>>()?
     };
     for t in &tasks {
-        apply_raw(tx, t, &TaskEvent::Complete, Some(0), Finish::AwaitWorker, now, "iris/controller")?;
+        apply_raw(
+            tx,
+            t,
+            &TaskEvent::Complete,
+            Some(0),
+            Finish::AwaitWorker,
+            now,
+            "iris/controller",
+        )?;
     }
     tx.execute(
         "UPDATE jobs SET state = 4, error = NULL, finished_at_ms = ?2, started_at_ms = COALESCE(started_at_ms, ?2) WHERE job_id = ?1",
@@ -632,7 +667,13 @@ pub fn complete_job(tx: &Connection, job_id: &str, now: i64) -> Result<bool> {
         rows.collect::<std::result::Result<_, _>>()?
     };
     for c in children {
-        kill_subtree(tx, &c, "Parent job terminated", "Parent job terminated", now)?;
+        kill_subtree(
+            tx,
+            &c,
+            "Parent job terminated",
+            "Parent job terminated",
+            now,
+        )?;
     }
     Ok(true)
 }
@@ -692,7 +733,12 @@ pub struct Observation {
 
 /// Applies a worker's observation, fenced by attempt uid and worker id. Returns true when it
 /// changed state.
-pub fn apply_observation(tx: &Connection, worker_id: &str, obs: &Observation, now: i64) -> Result<bool> {
+pub fn apply_observation(
+    tx: &Connection,
+    worker_id: &str,
+    obs: &Observation,
+    now: i64,
+) -> Result<bool> {
     let att: Option<(String, i64, Option<String>, i32, bool, i64)> = tx
         .prepare_cached(
             "SELECT a.task_id, a.attempt_id, a.worker_id, a.state, a.finished_at_ms IS NOT NULL, t.current_attempt_id
@@ -731,7 +777,11 @@ pub fn apply_observation(tx: &Connection, worker_id: &str, obs: &Observation, no
         error: obs.error.clone(),
     };
     let src = "iris/worker";
-    let exit = if reported_terminal { obs.exit_code } else { None };
+    let exit = if reported_terminal {
+        obs.exit_code
+    } else {
+        None
+    };
     let applied = apply_task_event(tx, &task_id, &ev, exit, Finish::Now, now, src)?;
     Ok(applied.is_some())
 }
@@ -749,7 +799,15 @@ pub fn fail_worker(tx: &Connection, worker_id: &str, now: i64) -> Result<Vec<Str
     let mut affected = Vec::new();
     for (task_id, attempt_id, current) in open {
         if attempt_id == current {
-            apply_task_event(tx, &task_id, &TaskEvent::WorkerLost, None, Finish::Now, now, "iris/controller")?;
+            apply_task_event(
+                tx,
+                &task_id,
+                &TaskEvent::WorkerLost,
+                None,
+                Finish::Now,
+                now,
+                "iris/controller",
+            )?;
         }
         tx.execute(
             "UPDATE task_attempts SET finished_at_ms = COALESCE(finished_at_ms, ?3),

@@ -35,17 +35,25 @@ pub struct QueryResult {
 pub fn open_readonly(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
     )?;
     conn.pragma_update(None, "query_only", 1)?;
     conn.busy_timeout(Duration::from_secs(5))?;
     conn.authorizer(Some(|ctx: AuthContext<'_>| match ctx.action {
-        AuthAction::Select | AuthAction::Read { .. } | AuthAction::Function { .. } | AuthAction::Recursive => {
-            Authorization::Allow
-        }
-        AuthAction::Pragma { pragma_name, pragma_value } => {
+        AuthAction::Select
+        | AuthAction::Read { .. }
+        | AuthAction::Function { .. }
+        | AuthAction::Recursive => Authorization::Allow,
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } => {
             // Reading a harmless pragma is fine; setting any pragma is not.
-            if pragma_value.is_none() && matches!(pragma_name, "table_info" | "table_list" | "index_list") {
+            if pragma_value.is_none()
+                && matches!(pragma_name, "table_info" | "table_list" | "index_list")
+            {
                 Authorization::Allow
             } else {
                 Authorization::Deny
@@ -60,9 +68,17 @@ fn first_keyword(sql: &str) -> String {
     let mut s = sql.trim_start();
     loop {
         if let Some(rest) = s.strip_prefix("--") {
-            s = rest.split_once('\n').map(|x| x.1).unwrap_or("").trim_start();
+            s = rest
+                .split_once('\n')
+                .map(|x| x.1)
+                .unwrap_or("")
+                .trim_start();
         } else if let Some(rest) = s.strip_prefix("/*") {
-            s = rest.split_once("*/").map(|x| x.1).unwrap_or("").trim_start();
+            s = rest
+                .split_once("*/")
+                .map(|x| x.1)
+                .unwrap_or("")
+                .trim_start();
         } else {
             break;
         }
@@ -91,7 +107,10 @@ fn has_second_statement(sql: &str) -> bool {
                         i += 1;
                     }
                 }
-                b';' => return !first_keyword(&sql[i + 1..]).is_empty() || sql[i + 1..].trim().trim_matches(';').trim().len() > 0,
+                b';' => {
+                    return !first_keyword(&sql[i + 1..]).is_empty()
+                        || !sql[i + 1..].trim().trim_matches(';').trim().is_empty()
+                }
                 _ => {}
             },
         }
@@ -109,10 +128,14 @@ pub fn run_readonly(
 ) -> Result<QueryResult, QueryError> {
     let kw = first_keyword(sql);
     if kw != "SELECT" && kw != "WITH" && kw != "VALUES" {
-        return Err(QueryError::NotAllowed("only SELECT statements are allowed".into()));
+        return Err(QueryError::NotAllowed(
+            "only SELECT statements are allowed".into(),
+        ));
     }
     if has_second_statement(sql) {
-        return Err(QueryError::NotAllowed("only one SELECT statement is allowed per query".into()));
+        return Err(QueryError::NotAllowed(
+            "only one SELECT statement is allowed per query".into(),
+        ));
     }
     let deadline = Instant::now() + time_limit;
     conn.progress_handler(1000, Some(move || Instant::now() > deadline));
@@ -163,7 +186,9 @@ fn run_inner(conn: &Connection, sql: &str, max_rows: usize) -> rusqlite::Result<
                 ValueRef::Null => serde_json::Value::Null,
                 ValueRef::Integer(x) => serde_json::Value::from(x),
                 ValueRef::Real(x) => serde_json::Value::from(x),
-                ValueRef::Text(t) => serde_json::Value::from(String::from_utf8_lossy(t).into_owned()),
+                ValueRef::Text(t) => {
+                    serde_json::Value::from(String::from_utf8_lossy(t).into_owned())
+                }
                 ValueRef::Blob(b) => serde_json::Value::from(format!("<blob:{} bytes>", b.len())),
             };
             vals.push(v);
@@ -185,11 +210,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("c.sqlite3");
         let w = crate::open(&p).expect("open");
-        w.execute(
-            "INSERT INTO meta(key, value) VALUES ('x', 1)",
-            [],
-        )
-        .expect("insert");
+        w.execute("INSERT INTO meta(key, value) VALUES ('x', 1)", [])
+            .expect("insert");
         drop(w);
         let r = open_readonly(&p).expect("ro");
         (dir, r)
@@ -198,8 +220,13 @@ mod tests {
     #[test]
     fn select_works_and_writes_are_refused() {
         let (_d, c) = db();
-        let r = run_readonly(&c, "SELECT key, value FROM meta", Duration::from_secs(2), 100)
-            .expect("select");
+        let r = run_readonly(
+            &c,
+            "SELECT key, value FROM meta",
+            Duration::from_secs(2),
+            100,
+        )
+        .expect("select");
         assert_eq!(r.columns, vec!["key", "value"]);
         assert_eq!(r.rows, vec![r#"["x",1]"#]);
         for bad in [
@@ -213,7 +240,10 @@ mod tests {
             "WITH x AS (SELECT 1) DELETE FROM meta",
         ] {
             assert!(
-                matches!(run_readonly(&c, bad, Duration::from_secs(2), 100), Err(QueryError::NotAllowed(_))),
+                matches!(
+                    run_readonly(&c, bad, Duration::from_secs(2), 100),
+                    Err(QueryError::NotAllowed(_))
+                ),
                 "{bad} must be refused"
             );
         }

@@ -167,7 +167,9 @@ impl AttemptId {
         let (task, n) = s
             .rsplit_once(':')
             .ok_or_else(|| IdError::NotAnAttempt(s.to_string()))?;
-        let attempt: u32 = n.parse().map_err(|_| IdError::NotAnAttempt(s.to_string()))?;
+        let attempt: u32 = n
+            .parse()
+            .map_err(|_| IdError::NotAnAttempt(s.to_string()))?;
         let task = TaskId::parse(task).map_err(|_| IdError::NotAnAttempt(s.to_string()))?;
         Ok(AttemptId { task, attempt })
     }
@@ -220,7 +222,14 @@ mod tests {
 
     #[test]
     fn bad_job_names() {
-        for bad in ["alice/train", "/alice", "/", "//x", "/alice/ /x", "/alice/train/"] {
+        for bad in [
+            "alice/train",
+            "/alice",
+            "/",
+            "//x",
+            "/alice/ /x",
+            "/alice/train/",
+        ] {
             assert!(JobName::parse(bad).is_err(), "{bad} should be rejected");
         }
     }

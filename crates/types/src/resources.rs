@@ -8,9 +8,9 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number with an optional unit, e.g. 512MB or 4GB"))?;
+    let n: f64 = num.parse().map_err(|_| {
+        format!("invalid size {s:?}: expected a number with an optional unit, e.g. 512MB or 4GB")
+    })?;
     if n < 0.0 || !n.is_finite() {
         return Err(format!("invalid size {s:?}: must not be negative"));
     }
@@ -20,7 +20,11 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
         "m" | "mb" | "mib" => 1024.0 * 1024.0,
         "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
         "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("invalid size {s:?}: unknown unit {other:?} (use KB, MB, GB or TB)")),
+        other => {
+            return Err(format!(
+                "invalid size {s:?}: unknown unit {other:?} (use KB, MB, GB or TB)"
+            ))
+        }
     };
     Ok((n * mult) as i64)
 }
@@ -31,7 +35,7 @@ pub fn parse_cpu(s: &str) -> Result<i32, String> {
         .trim()
         .parse()
         .map_err(|_| format!("invalid cpu {s:?}: expected a number of cores, e.g. 0.5 or 4"))?;
-    if !(v > 0.0) || !v.is_finite() {
+    if v.is_nan() || v <= 0.0 || !v.is_finite() {
         return Err(format!("invalid cpu {s:?}: must be greater than 0"));
     }
     if v > 100_000.0 {
@@ -49,7 +53,9 @@ pub struct AcceleratorSpec {
 
 pub fn parse_gpu(s: &str) -> Result<AcceleratorSpec, String> {
     let t = s.trim();
-    let err = || format!("invalid --gpu {s:?}: expected VARIANTxCOUNT (H100x8), COUNT (8) or VARIANT (H100)");
+    let err = || {
+        format!("invalid --gpu {s:?}: expected VARIANTxCOUNT (H100x8), COUNT (8) or VARIANT (H100)")
+    };
     if t.is_empty() {
         return Err(err());
     }
@@ -57,18 +63,29 @@ pub fn parse_gpu(s: &str) -> Result<AcceleratorSpec, String> {
         if n <= 0 {
             return Err(format!("invalid --gpu {s:?}: count must be at least 1"));
         }
-        return Ok(AcceleratorSpec { variant: "auto".into(), count: n });
+        return Ok(AcceleratorSpec {
+            variant: "auto".into(),
+            count: n,
+        });
     }
     if let Some((v, n)) = t.rsplit_once(['x', 'X']) {
         if let Ok(n) = n.parse::<i32>() {
             if n <= 0 || v.is_empty() {
                 return Err(err());
             }
-            return Ok(AcceleratorSpec { variant: v.to_string(), count: n });
+            return Ok(AcceleratorSpec {
+                variant: v.to_string(),
+                count: n,
+            });
         }
     }
-    if t.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-        return Ok(AcceleratorSpec { variant: t.to_string(), count: 1 });
+    if t.chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Ok(AcceleratorSpec {
+            variant: t.to_string(),
+            count: 1,
+        });
     }
     Err(err())
 }
@@ -98,9 +115,27 @@ mod tests {
 
     #[test]
     fn gpus() {
-        assert_eq!(parse_gpu("H100x8"), Ok(AcceleratorSpec { variant: "H100".into(), count: 8 }));
-        assert_eq!(parse_gpu("8"), Ok(AcceleratorSpec { variant: "auto".into(), count: 8 }));
-        assert_eq!(parse_gpu("GB200"), Ok(AcceleratorSpec { variant: "GB200".into(), count: 1 }));
+        assert_eq!(
+            parse_gpu("H100x8"),
+            Ok(AcceleratorSpec {
+                variant: "H100".into(),
+                count: 8
+            })
+        );
+        assert_eq!(
+            parse_gpu("8"),
+            Ok(AcceleratorSpec {
+                variant: "auto".into(),
+                count: 8
+            })
+        );
+        assert_eq!(
+            parse_gpu("GB200"),
+            Ok(AcceleratorSpec {
+                variant: "GB200".into(),
+                count: 1
+            })
+        );
         assert!(parse_gpu("H100x0").is_err());
         assert!(parse_gpu("-3").is_err());
     }

@@ -135,7 +135,12 @@ pub enum Band {
 }
 
 impl Band {
-    pub const ALL: [Band; 4] = [Band::System, Band::Production, Band::Interactive, Band::Batch];
+    pub const ALL: [Band; 4] = [
+        Band::System,
+        Band::Production,
+        Band::Interactive,
+        Band::Batch,
+    ];
 
     /// Wire code.
     pub fn code(self) -> i32 {

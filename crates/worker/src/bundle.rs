@@ -11,7 +11,12 @@ pub const MAX_UNPACKED_BYTES: u64 = 1 << 30;
 pub const MAX_ENTRIES: usize = 100_000;
 
 /// Fetches `GET <controller>/blobs/<sha>` (3 tries), verifying the hash; caches under `cache`.
-pub async fn fetch(http: &reqwest::Client, controller: &str, sha: &str, cache: &Path) -> anyhow::Result<Vec<u8>> {
+pub async fn fetch(
+    http: &reqwest::Client,
+    controller: &str,
+    sha: &str,
+    cache: &Path,
+) -> anyhow::Result<Vec<u8>> {
     let cached = cache.join(sha);
     if let Ok(b) = tokio::fs::read(&cached).await {
         if hex::encode(sha2::Sha256::digest(&b)) == sha {
@@ -24,12 +29,19 @@ pub async fn fetch(http: &reqwest::Client, controller: &str, sha: &str, cache: &
         if attempt > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(200 * attempt)).await;
         }
-        match http.get(&url).send().await.and_then(|r| r.error_for_status()) {
+        match http
+            .get(&url)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+        {
             Ok(r) => match r.bytes().await {
                 Ok(b) => {
                     let got = hex::encode(sha2::Sha256::digest(&b));
                     if got != sha {
-                        last = Some(anyhow::anyhow!("bundle {sha} failed verification (got {got})"));
+                        last = Some(anyhow::anyhow!(
+                            "bundle {sha} failed verification (got {got})"
+                        ));
                         continue;
                     }
                     let _ = tokio::fs::create_dir_all(cache).await;
@@ -47,7 +59,10 @@ pub async fn fetch(http: &reqwest::Client, controller: &str, sha: &str, cache: &
 /// Checks a relative path from a bundle or workdir file: no absolute paths, no `..`.
 pub fn safe_relative(name: &str) -> anyhow::Result<&Path> {
     let p = Path::new(name);
-    if name.is_empty() || p.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir)) {
+    if name.is_empty()
+        || p.components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
         bail!("refusing unsafe path {name:?} (absolute or escapes the workdir)");
     }
     Ok(p)
@@ -55,7 +70,8 @@ pub fn safe_relative(name: &str) -> anyhow::Result<&Path> {
 
 /// Unzips into `dest`, refusing path escapes, links and oversize content.
 pub fn unzip(data: &[u8], dest: &Path) -> anyhow::Result<()> {
-    let mut z = zip::ZipArchive::new(std::io::Cursor::new(data)).context("bundle is not a valid zip archive")?;
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(data))
+        .context("bundle is not a valid zip archive")?;
     if z.len() > MAX_ENTRIES {
         bail!("bundle has {} entries (limit {MAX_ENTRIES})", z.len());
     }
@@ -76,7 +92,9 @@ pub fn unzip(data: &[u8], dest: &Path) -> anyhow::Result<()> {
             std::fs::create_dir_all(parent)?;
         }
         let mut buf = Vec::new();
-        let n = (&mut f).take(MAX_UNPACKED_BYTES - total + 1).read_to_end(&mut buf)?;
+        let n = (&mut f)
+            .take(MAX_UNPACKED_BYTES - total + 1)
+            .read_to_end(&mut buf)?;
         total += n as u64;
         if total > MAX_UNPACKED_BYTES {
             bail!("bundle unpacks to more than {MAX_UNPACKED_BYTES} bytes");
@@ -99,7 +117,8 @@ mod tests {
     fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
         let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
         for (n, d) in entries {
-            w.start_file(*n, zip::write::SimpleFileOptions::default()).expect("start");
+            w.start_file(*n, zip::write::SimpleFileOptions::default())
+                .expect("start");
             w.write_all(d).expect("write");
         }
         w.finish().expect("finish").into_inner()
@@ -109,7 +128,10 @@ mod tests {
     fn unzips_and_refuses_escapes() {
         let d = tempfile::tempdir().expect("tempdir");
         unzip(&zip_of(&[("a/b.txt", b"hi"), ("c.txt", b"x")]), d.path()).expect("ok");
-        assert_eq!(std::fs::read(d.path().join("a/b.txt")).expect("read"), b"hi");
+        assert_eq!(
+            std::fs::read(d.path().join("a/b.txt")).expect("read"),
+            b"hi"
+        );
         assert!(unzip(&zip_of(&[("../evil", b"x")]), d.path()).is_err());
         assert!(unzip(&zip_of(&[("/etc/evil", b"x")]), d.path()).is_err());
         assert!(unzip(b"not a zip", d.path()).is_err());

@@ -117,8 +117,11 @@ fn kill_group(pgid: i32) {
 
 /// Starts the worker: binds, serves Reconcile, and registers (retrying until accepted).
 pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
-    std::fs::create_dir_all(&cfg.cache_dir).with_context(|| format!("creating {}", cfg.cache_dir.display()))?;
-    let listener = tokio::net::TcpListener::bind(cfg.bind).await.with_context(|| format!("binding worker to {}", cfg.bind))?;
+    std::fs::create_dir_all(&cfg.cache_dir)
+        .with_context(|| format!("creating {}", cfg.cache_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(cfg.bind)
+        .await
+        .with_context(|| format!("binding worker to {}", cfg.bind))?;
     let addr = listener.local_addr()?;
     let rpc = iris_rpc::Client::new(&cfg.controller_url).map_err(|e| anyhow::anyhow!(e.message))?;
     let inner = Arc::new(Inner {
@@ -141,15 +144,30 @@ pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
             .await;
     });
     let reg = tokio::spawn(registration_loop(inner.clone(), addr, rx));
-    Ok(RunningWorker { addr, worker_id: inner.cfg.worker_id.clone(), inner, shutdown: tx, tasks: vec![server, reg] })
+    Ok(RunningWorker {
+        addr,
+        worker_id: inner.cfg.worker_id.clone(),
+        inner,
+        shutdown: tx,
+        tasks: vec![server, reg],
+    })
 }
 
 fn metadata(cfg: &WorkerConfig) -> job::WorkerMetadata {
     use job::device_config::Device;
     let device = match &cfg.device {
-        Some((t, v, n)) if t == "gpu" => Device::Gpu(job::GpuDevice { variant: v.clone(), count: *n }),
-        Some((t, v, n)) if t == "tpu" => Device::Tpu(job::TpuDevice { variant: v.clone(), topology: String::new(), count: *n }),
-        _ => Device::Cpu(job::CpuDevice { variant: "cpu".into() }),
+        Some((t, v, n)) if t == "gpu" => Device::Gpu(job::GpuDevice {
+            variant: v.clone(),
+            count: *n,
+        }),
+        Some((t, v, n)) if t == "tpu" => Device::Tpu(job::TpuDevice {
+            variant: v.clone(),
+            topology: String::new(),
+            count: *n,
+        }),
+        _ => Device::Cpu(job::CpuDevice {
+            variant: "cpu".into(),
+        }),
     };
     let attributes = cfg
         .attributes
@@ -168,9 +186,21 @@ fn metadata(cfg: &WorkerConfig) -> job::WorkerMetadata {
         cpu_count: cfg.cpu_count,
         memory_bytes: cfg.memory_bytes,
         disk_bytes: cfg.disk_bytes,
-        gpu_count: cfg.device.as_ref().filter(|d| d.0 == "gpu").map(|d| d.2).unwrap_or(0),
-        gpu_name: cfg.device.as_ref().filter(|d| d.0 == "gpu").map(|d| d.1.clone()).unwrap_or_default(),
-        device: Some(job::DeviceConfig { device: Some(device) }),
+        gpu_count: cfg
+            .device
+            .as_ref()
+            .filter(|d| d.0 == "gpu")
+            .map(|d| d.2)
+            .unwrap_or(0),
+        gpu_name: cfg
+            .device
+            .as_ref()
+            .filter(|d| d.0 == "gpu")
+            .map(|d| d.1.clone())
+            .unwrap_or_default(),
+        device: Some(job::DeviceConfig {
+            device: Some(device),
+        }),
         attributes,
         ..Default::default()
     }
@@ -186,7 +216,12 @@ async fn register_once(inner: &Inner, addr: SocketAddr) -> bool {
     };
     match inner
         .rpc
-        .call::<_, c::RegisterResponse>("iris.cluster.ControllerService", "Register", &req, Duration::from_secs(10))
+        .call::<_, c::RegisterResponse>(
+            "iris.cluster.ControllerService",
+            "Register",
+            &req,
+            Duration::from_secs(10),
+        )
         .await
     {
         Ok(r) if r.accepted => true,
@@ -201,7 +236,11 @@ async fn register_once(inner: &Inner, addr: SocketAddr) -> bool {
     }
 }
 
-async fn registration_loop(inner: Arc<Inner>, addr: SocketAddr, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+async fn registration_loop(
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     loop {
         while !register_once(&inner, addr).await {
             tokio::select! {
@@ -217,7 +256,9 @@ async fn registration_loop(inner: Arc<Inner>, addr: SocketAddr, mut shutdown: to
                 _ = shutdown.wait_for(|v| *v) => return,
             }
             if lock(&inner.last_reconcile).elapsed() > inner.cfg.heartbeat_timeout {
-                tracing::warn!("no reconcile within the heartbeat timeout; killing tasks and re-registering");
+                tracing::warn!(
+                    "no reconcile within the heartbeat timeout; killing tasks and re-registering"
+                );
                 kill_all(&inner);
                 break;
             }
@@ -244,17 +285,31 @@ async fn dispatch(
             iris_rpc::unary(&headers, &body, |_req: job::Empty| {
                 let inner = inner.clone();
                 async move {
-                    let running = lock(&inner.attempts).values().filter(|a| !terminal(a.state)).count() as i32;
-                    Ok::<_, RpcError>(w::HealthResponse { healthy: true, uptime: None, running_tasks: running })
+                    let running = lock(&inner.attempts)
+                        .values()
+                        .filter(|a| !terminal(a.state))
+                        .count() as i32;
+                    Ok::<_, RpcError>(w::HealthResponse {
+                        healthy: true,
+                        uptime: None,
+                        running_tasks: running,
+                    })
                 }
             })
             .await
         }
-        _ => RpcError::new(iris_rpc::Code::Unimplemented, format!("{service}/{method} is not implemented")).into_response(),
+        _ => RpcError::new(
+            iris_rpc::Code::Unimplemented,
+            format!("{service}/{method} is not implemented"),
+        )
+        .into_response(),
     }
 }
 
-fn reconcile(inner: &Arc<Inner>, req: w::ReconcileRequest) -> Result<w::ReconcileResponse, RpcError> {
+fn reconcile(
+    inner: &Arc<Inner>,
+    req: w::ReconcileRequest,
+) -> Result<w::ReconcileResponse, RpcError> {
     if req.worker_id != inner.cfg.worker_id {
         return Err(RpcError::invalid(format!(
             "reconcile addressed to worker {:?}, but this is {:?}",
@@ -263,7 +318,8 @@ fn reconcile(inner: &Arc<Inner>, req: w::ReconcileRequest) -> Result<w::Reconcil
     }
     *lock(&inner.last_reconcile) = Instant::now();
     let mut observed = Vec::with_capacity(req.desired.len());
-    let desired_uids: std::collections::HashSet<String> = req.desired.iter().map(|d| d.attempt_uid.clone()).collect();
+    let desired_uids: std::collections::HashSet<String> =
+        req.desired.iter().map(|d| d.attempt_uid.clone()).collect();
     let mut attempts = lock(&inner.attempts);
     // Kill zombies: live local attempts the controller no longer wants; forget finished ones.
     attempts.retain(|uid, a| {
@@ -288,7 +344,10 @@ fn reconcile(inner: &Arc<Inner>, req: w::ReconcileRequest) -> Result<w::Reconcil
                         Some(run) => {
                             // A newer attempt of the same task supersedes an older live one.
                             for a in attempts.values_mut() {
-                                if a.task_id == run.task_id && a.attempt_id < run.attempt_id && !terminal(a.state) {
+                                if a.task_id == run.task_id
+                                    && a.attempt_id < run.attempt_id
+                                    && !terminal(a.state)
+                                {
                                     a.stop_requested = true;
                                     if let Some(pg) = a.pgid {
                                         kill_group(pg);
@@ -313,7 +372,11 @@ fn reconcile(inner: &Arc<Inner>, req: w::ReconcileRequest) -> Result<w::Reconcil
                             tokio::spawn(async move { run_attempt(inner2, uid, run).await });
                         }
                         None => {
-                            observed.push(w::AttemptObservation { attempt_uid: d.attempt_uid, state: MISSING, ..Default::default() });
+                            observed.push(w::AttemptObservation {
+                                attempt_uid: d.attempt_uid,
+                                state: MISSING,
+                                ..Default::default()
+                            });
                             continue;
                         }
                     }
@@ -330,7 +393,11 @@ fn reconcile(inner: &Arc<Inner>, req: w::ReconcileRequest) -> Result<w::Reconcil
                 }
                 Some(_) => {}
                 None => {
-                    observed.push(w::AttemptObservation { attempt_uid: d.attempt_uid, state: MISSING, ..Default::default() });
+                    observed.push(w::AttemptObservation {
+                        attempt_uid: d.attempt_uid,
+                        state: MISSING,
+                        ..Default::default()
+                    });
                     continue;
                 }
             },
@@ -339,7 +406,11 @@ fn reconcile(inner: &Arc<Inner>, req: w::ReconcileRequest) -> Result<w::Reconcil
         if let Some(a) = attempts.get(&d.attempt_uid) {
             observed.push(w::AttemptObservation {
                 attempt_uid: d.attempt_uid,
-                state: if a.state == PENDING { BUILDING } else { a.state },
+                state: if a.state == PENDING {
+                    BUILDING
+                } else {
+                    a.state
+                },
                 exit_code: a.exit_code,
                 error: a.error.clone(),
                 ..Default::default()
@@ -352,7 +423,11 @@ fn reconcile(inner: &Arc<Inner>, req: w::ReconcileRequest) -> Result<w::Reconcil
     Ok(w::ReconcileResponse {
         worker_id: inner.cfg.worker_id.clone(),
         observed,
-        health: Some(w::WorkerHealth { healthy: true, health_error: String::new(), resources: None }),
+        health: Some(w::WorkerHealth {
+            healthy: true,
+            health_error: String::new(),
+            resources: None,
+        }),
     })
 }
 
@@ -363,12 +438,29 @@ fn set_state(inner: &Inner, uid: &str, f: impl FnOnce(&mut Attempt)) {
 }
 
 async fn poke_controller(inner: &Inner) {
-    let url = format!("{}/internal/worker-poke/{}", inner.cfg.controller_url.trim_end_matches('/'), inner.cfg.worker_id);
-    let _ = inner.http.post(url).timeout(Duration::from_secs(2)).send().await;
+    let url = format!(
+        "{}/internal/worker-poke/{}",
+        inner.cfg.controller_url.trim_end_matches('/'),
+        inner.cfg.worker_id
+    );
+    let _ = inner
+        .http
+        .post(url)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
 }
 
 fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Log shipping: lines are batched and pushed to the controller's log service.
@@ -382,11 +474,20 @@ impl LogShipper {
         if self.buf.is_empty() {
             return;
         }
-        let req = fl::PushLogsRequest { key: self.key.clone(), entries: std::mem::take(&mut self.buf), cluster: String::new() };
+        let req = fl::PushLogsRequest {
+            key: self.key.clone(),
+            entries: std::mem::take(&mut self.buf),
+            cluster: String::new(),
+        };
         for attempt in 0..5 {
             match inner
                 .rpc
-                .call::<_, fl::PushLogsResponse>("finelog.logging.LogService", "PushLogs", &req, Duration::from_secs(10))
+                .call::<_, fl::PushLogsResponse>(
+                    "finelog.logging.LogService",
+                    "PushLogs",
+                    &req,
+                    Duration::from_secs(10),
+                )
                 .await
             {
                 Ok(_) => return,
@@ -400,13 +501,26 @@ impl LogShipper {
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
-async fn prepare_workdir(inner: &Inner, run: &job::RunTaskRequest, dir: &std::path::Path) -> anyhow::Result<()> {
+async fn prepare_workdir(
+    inner: &Inner,
+    run: &job::RunTaskRequest,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     if !run.bundle_id.is_empty() {
-        let data = bundle::fetch(&inner.http, &inner.cfg.controller_url, &run.bundle_id, &inner.cfg.cache_dir.join("bundles")).await?;
+        let data = bundle::fetch(
+            &inner.http,
+            &inner.cfg.controller_url,
+            &run.bundle_id,
+            &inner.cfg.cache_dir.join("bundles"),
+        )
+        .await?;
         let dir2 = dir.to_path_buf();
         tokio::task::spawn_blocking(move || bundle::unzip(&data, &dir2)).await??;
     }
@@ -421,7 +535,13 @@ async fn prepare_workdir(inner: &Inner, run: &job::RunTaskRequest, dir: &std::pa
         }
         for (name, sha) in &ep.workdir_file_refs {
             let rel = bundle::safe_relative(name)?;
-            let data = bundle::fetch(&inner.http, &inner.cfg.controller_url, sha, &inner.cfg.cache_dir.join("bundles")).await?;
+            let data = bundle::fetch(
+                &inner.http,
+                &inner.cfg.controller_url,
+                sha,
+                &inner.cfg.cache_dir.join("bundles"),
+            )
+            .await?;
             std::fs::write(dir.join(rel), data)?;
         }
     }
@@ -429,13 +549,23 @@ async fn prepare_workdir(inner: &Inner, run: &job::RunTaskRequest, dir: &std::pa
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
 }
 
 async fn run_attempt(inner: Arc<Inner>, uid: String, run: job::RunTaskRequest) {
     let key = format!("{}:{}", run.task_id, run.attempt_id);
-    let mut logs = LogShipper { key: key.clone(), buf: Vec::new() };
-    let dir = inner.cfg.cache_dir.join("workdirs").join(format!("{}_attempt_{}", sanitize(&run.task_id), run.attempt_id));
+    let mut logs = LogShipper {
+        key: key.clone(),
+        buf: Vec::new(),
+    };
+    let dir = inner.cfg.cache_dir.join("workdirs").join(format!(
+        "{}_attempt_{}",
+        sanitize(&run.task_id),
+        run.attempt_id
+    ));
     let outcome = execute(&inner, &uid, &run, &dir, &mut logs).await;
     logs.flush(&inner).await;
     let (state, code, error) = match outcome {
@@ -460,12 +590,26 @@ async fn execute(
     logs: &mut LogShipper,
 ) -> anyhow::Result<(i32, i32, String)> {
     prepare_workdir(inner, run, dir).await?;
-    let argv = run.entrypoint.as_ref().and_then(|e| e.run_command.as_ref()).map(|r| r.argv.clone()).unwrap_or_default();
+    let argv = run
+        .entrypoint
+        .as_ref()
+        .and_then(|e| e.run_command.as_ref())
+        .map(|r| r.argv.clone())
+        .unwrap_or_default();
     let Some((prog, args)) = argv.split_first() else {
         anyhow::bail!("empty command");
     };
-    let job_id = run.task_id.rsplit_once('/').map(|x| x.0).unwrap_or(&run.task_id).to_string();
-    let env_vars = run.environment.as_ref().map(|e| e.env_vars.clone()).unwrap_or_default();
+    let job_id = run
+        .task_id
+        .rsplit_once('/')
+        .map(|x| x.0)
+        .unwrap_or(&run.task_id)
+        .to_string();
+    let env_vars = run
+        .environment
+        .as_ref()
+        .map(|e| e.env_vars.clone())
+        .unwrap_or_default();
     let mut cmd = tokio::process::Command::new(prog);
     cmd.args(args)
         .current_dir(dir)
@@ -476,7 +620,10 @@ async fn execute(
         .kill_on_drop(true);
     let url = inner.cfg.controller_url.clone();
     let iris_env: Vec<(String, String)> = vec![
-        ("IRIS_TASK_ID".into(), format!("{}:{}", run.task_id, run.attempt_id)),
+        (
+            "IRIS_TASK_ID".into(),
+            format!("{}:{}", run.task_id, run.attempt_id),
+        ),
         ("IRIS_ATTEMPT_UID".into(), run.attempt_uid.clone()),
         ("IRIS_NUM_TASKS".into(), run.num_tasks.to_string()),
         ("IRIS_JOB_ID".into(), job_id),
@@ -487,13 +634,19 @@ async fn execute(
         ("IRIS_CONTROLLER_URL".into(), url),
         ("IRIS_BUNDLE_ID".into(), run.bundle_id.clone()),
         ("IRIS_WORKDIR".into(), dir.display().to_string()),
-        ("IRIS_JOB_ENV".into(), serde_json::to_string(&env_vars).unwrap_or_else(|_| "{}".into())),
+        (
+            "IRIS_JOB_ENV".into(),
+            serde_json::to_string(&env_vars).unwrap_or_else(|_| "{}".into()),
+        ),
     ];
     for (k, v) in &iris_env {
         cmd.env(k, v);
     }
     for p in &run.ports {
-        cmd.env(format!("IRIS_PORT_{}", p.to_ascii_uppercase().replace('-', "_")), free_port().to_string());
+        cmd.env(
+            format!("IRIS_PORT_{}", p.to_ascii_uppercase().replace('-', "_")),
+            free_port().to_string(),
+        );
     }
     for (k, v) in &env_vars {
         cmd.env(k, v);
@@ -553,7 +706,11 @@ async fn execute(
                 }
                 logs.buf.push(fl::LogEntry {
                     timestamp: Some(fl::Timestamp { epoch_ms: now_ms() }),
-                    source: if is_err { "stderr".into() } else { "stdout".into() },
+                    source: if is_err {
+                        "stderr".into()
+                    } else {
+                        "stdout".into()
+                    },
                     data: line,
                     attempt_id: run.attempt_id,
                     level: if is_err { 4 } else { 2 },
@@ -577,17 +734,29 @@ async fn execute(
     if let Some(pg) = pgid {
         kill_group(pg);
     }
-    let stopped = lock(&inner.attempts).get(uid).map(|a| a.stop_requested).unwrap_or(false);
+    let stopped = lock(&inner.attempts)
+        .get(uid)
+        .map(|a| a.stop_requested)
+        .unwrap_or(false);
     if stopped {
-        return Ok((KILLED, status.code().unwrap_or(-1), "Stopped by controller".into()));
+        return Ok((
+            KILLED,
+            status.code().unwrap_or(-1),
+            "Stopped by controller".into(),
+        ));
     }
     use std::os::unix::process::ExitStatusExt;
     let (code, mut error) = match (status.code(), status.signal()) {
         (Some(0), _) => return Ok((SUCCEEDED, 0, String::new())),
         (Some(c), _) => (c, format!("Exit code: {c}")),
         (None, Some(sig)) => {
-            let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| format!("signal {sig}"));
-            (128 + sig, format!("Exit code {}: killed by {name}", 128 + sig))
+            let name = nix::sys::signal::Signal::try_from(sig)
+                .map(|s| s.as_str().to_string())
+                .unwrap_or_else(|_| format!("signal {sig}"));
+            (
+                128 + sig,
+                format!("Exit code {}: killed by {name}", 128 + sig),
+            )
         }
         (None, None) => (-1, "Exit code: -1".into()),
     };

@@ -124,7 +124,11 @@ pub fn transition(t: &TaskCtx, event: &TaskEvent) -> Result<Step, Rejected> {
             if t.state != TaskState::Pending {
                 return Err(illegal(t.state, event));
             }
-            let mut s = step(TaskState::Assigned, Some(TaskState::Assigned), "TaskAssigned");
+            let mut s = step(
+                TaskState::Assigned,
+                Some(TaskState::Assigned),
+                "TaskAssigned",
+            );
             s.new_attempt = true;
             Ok(s)
         }
@@ -133,13 +137,23 @@ pub fn transition(t: &TaskCtx, event: &TaskEvent) -> Result<Step, Rejected> {
             if !t.state.is_active() {
                 return Err(illegal(t.state, event));
             }
-            Ok(lost(t, started, TaskState::WorkerFailed, "Worker failed".into()))
+            Ok(lost(
+                t,
+                started,
+                TaskState::WorkerFailed,
+                "Worker failed".into(),
+            ))
         }
         TaskEvent::Preempt { by } => {
             if !t.state.is_active() {
                 return Err(illegal(t.state, event));
             }
-            let mut s = lost(t, started, TaskState::Preempted, format!("Preempted by {by}"));
+            let mut s = lost(
+                t,
+                started,
+                TaskState::Preempted,
+                format!("Preempted by {by}"),
+            );
             s.reason = "Preempted";
             Ok(s)
         }
@@ -181,7 +195,11 @@ pub fn transition(t: &TaskCtx, event: &TaskEvent) -> Result<Step, Rejected> {
                 .attempt
                 .filter(|a| !a.state.is_terminal())
                 .map(|_| TaskState::Succeeded);
-            Ok(step(TaskState::Succeeded, attempt, "JobCompletedTaskSucceeded"))
+            Ok(step(
+                TaskState::Succeeded,
+                attempt,
+                "JobCompletedTaskSucceeded",
+            ))
         }
         TaskEvent::SiblingFailed { sibling } => {
             if !t.state.is_active() {
@@ -220,9 +238,17 @@ fn lost(t: &TaskCtx, started: bool, attempt_state: TaskState, error: String) -> 
         TaskState::WorkerFailed
     };
     let mut s = if exhausted {
-        step(final_state, Some(attempt_state), "TaskPreemptionBudgetExhausted")
+        step(
+            final_state,
+            Some(attempt_state),
+            "TaskPreemptionBudgetExhausted",
+        )
     } else {
-        step(TaskState::Pending, Some(attempt_state), "TaskRetryScheduled")
+        step(
+            TaskState::Pending,
+            Some(attempt_state),
+            "TaskRetryScheduled",
+        )
     };
     s.error = Some(error);
     if t.coscheduled {
@@ -248,7 +274,11 @@ fn report(
     match state {
         TaskState::Building => match t.state {
             TaskState::Assigned => {
-                let mut s = step(TaskState::Building, Some(TaskState::Building), "TaskBuilding");
+                let mut s = step(
+                    TaskState::Building,
+                    Some(TaskState::Building),
+                    "TaskBuilding",
+                );
                 s.mark_started = true;
                 Ok(s)
             }
@@ -268,9 +298,13 @@ fn report(
             "TaskSucceeded",
         )),
         TaskState::Failed => {
-            let retry = t.failure_count + 1 <= t.max_retries_failure;
+            let retry = t.failure_count < t.max_retries_failure;
             let mut s = if retry {
-                step(TaskState::Pending, Some(TaskState::Failed), "TaskRetryScheduled")
+                step(
+                    TaskState::Pending,
+                    Some(TaskState::Failed),
+                    "TaskRetryScheduled",
+                )
             } else {
                 step(TaskState::Failed, Some(TaskState::Failed), "TaskFailed")
             };
@@ -293,7 +327,12 @@ fn report(
             Ok(lost(t, started, state, err))
         }
         TaskState::Missing => {
-            let mut s = lost(t, started, TaskState::WorkerFailed, "worker_lost_spec".into());
+            let mut s = lost(
+                t,
+                started,
+                TaskState::WorkerFailed,
+                "worker_lost_spec".into(),
+            );
             s.reason = "TaskLostOnWorker";
             Ok(s)
         }
@@ -341,7 +380,11 @@ pub fn job_state(j: &JobCtx<'_>) -> (JobState, Option<String>) {
     if any(|s| s == T::Unschedulable) {
         return (
             JobState::Unschedulable,
-            Some(j.first_error.unwrap_or("Scheduling timeout exceeded").to_string()),
+            Some(
+                j.first_error
+                    .unwrap_or("Scheduling timeout exceeded")
+                    .to_string(),
+            ),
         );
     }
     if any(|s| s == T::Killed) {

@@ -25,34 +25,55 @@ fn report(state: T) -> TaskEvent {
 #[test]
 fn pending_assign_creates_attempt() {
     let s = transition(&task(T::Pending, None), &TaskEvent::Assign).expect("applies");
-    assert_eq!((s.task, s.attempt, s.new_attempt), (T::Assigned, Some(T::Assigned), true));
+    assert_eq!(
+        (s.task, s.attempt, s.new_attempt),
+        (T::Assigned, Some(T::Assigned), true)
+    );
 }
 
 #[test]
 fn assigned_building_marks_started() {
-    let s = transition(&task(T::Assigned, Some((T::Assigned, false))), &report(T::Building))
-        .expect("applies");
-    assert_eq!((s.task, s.attempt, s.mark_started), (T::Building, Some(T::Building), true));
+    let s = transition(
+        &task(T::Assigned, Some((T::Assigned, false))),
+        &report(T::Building),
+    )
+    .expect("applies");
+    assert_eq!(
+        (s.task, s.attempt, s.mark_started),
+        (T::Building, Some(T::Building), true)
+    );
 }
 
 #[test]
 fn assigned_or_building_running() {
-    let s = transition(&task(T::Assigned, Some((T::Assigned, false))), &report(T::Running))
-        .expect("applies");
+    let s = transition(
+        &task(T::Assigned, Some((T::Assigned, false))),
+        &report(T::Running),
+    )
+    .expect("applies");
     assert_eq!((s.task, s.mark_started), (T::Running, true));
-    let s = transition(&task(T::Building, Some((T::Building, true))), &report(T::Running))
-        .expect("applies");
+    let s = transition(
+        &task(T::Building, Some((T::Building, true))),
+        &report(T::Running),
+    )
+    .expect("applies");
     assert_eq!((s.task, s.mark_started), (T::Running, false));
     assert_eq!(
-        transition(&task(T::Running, Some((T::Running, true))), &report(T::Running)),
+        transition(
+            &task(T::Running, Some((T::Running, true))),
+            &report(T::Running)
+        ),
         Err(Rejected::NoChange)
     );
 }
 
 #[test]
 fn active_succeeded() {
-    let s = transition(&task(T::Running, Some((T::Running, true))), &report(T::Succeeded))
-        .expect("applies");
+    let s = transition(
+        &task(T::Running, Some((T::Running, true))),
+        &report(T::Succeeded),
+    )
+    .expect("applies");
     assert_eq!((s.task, s.attempt), (T::Succeeded, Some(T::Succeeded)));
 }
 
@@ -77,11 +98,21 @@ fn failed_within_and_beyond_failure_budget() {
 fn assigned_loss_is_never_charged() {
     let mut t = task(T::Assigned, Some((T::Assigned, false)));
     t.max_retries_preemption = 0;
-    for ev in [TaskEvent::WorkerLost, report(T::WorkerFailed), report(T::Killed)] {
+    for ev in [
+        TaskEvent::WorkerLost,
+        report(T::WorkerFailed),
+        report(T::Killed),
+    ] {
         let s = transition(&t, &ev).expect("applies");
         assert_eq!(s.task, T::Pending, "{ev:?}");
     }
-    let s = transition(&t, &TaskEvent::Preempt { by: "/a/b/0".into() }).expect("applies");
+    let s = transition(
+        &t,
+        &TaskEvent::Preempt {
+            by: "/a/b/0".into(),
+        },
+    )
+    .expect("applies");
     assert_eq!((s.task, s.attempt), (T::Pending, Some(T::Preempted)));
 }
 
@@ -93,16 +124,28 @@ fn started_loss_within_and_beyond_preemption_budget() {
     assert_eq!((s.task, s.attempt), (T::Pending, Some(T::WorkerFailed)));
     t.preemption_count = 1;
     let s = transition(&t, &TaskEvent::WorkerLost).expect("applies");
-    assert_eq!((s.task, s.attempt), (T::WorkerFailed, Some(T::WorkerFailed)));
-    let s = transition(&t, &TaskEvent::Preempt { by: "/x/y/0".into() }).expect("applies");
+    assert_eq!(
+        (s.task, s.attempt),
+        (T::WorkerFailed, Some(T::WorkerFailed))
+    );
+    let s = transition(
+        &t,
+        &TaskEvent::Preempt {
+            by: "/x/y/0".into(),
+        },
+    )
+    .expect("applies");
     assert_eq!((s.task, s.attempt), (T::Preempted, Some(T::Preempted)));
     assert_eq!(s.error.as_deref(), Some("Preempted by /x/y/0"));
 }
 
 #[test]
 fn missing_report_is_worker_failure() {
-    let s = transition(&task(T::Running, Some((T::Running, true))), &report(T::Missing))
-        .expect("applies");
+    let s = transition(
+        &task(T::Running, Some((T::Running, true))),
+        &report(T::Missing),
+    )
+    .expect("applies");
     assert_eq!((s.task, s.attempt), (T::Pending, Some(T::WorkerFailed)));
     assert_eq!(s.error.as_deref(), Some("worker_lost_spec"));
 }
@@ -146,8 +189,11 @@ fn kill_from_any_non_terminal() {
 
 #[test]
 fn complete_succeeds() {
-    let s = transition(&task(T::Running, Some((T::Running, true))), &TaskEvent::Complete)
-        .expect("applies");
+    let s = transition(
+        &task(T::Running, Some((T::Running, true))),
+        &TaskEvent::Complete,
+    )
+    .expect("applies");
     assert_eq!(s.task, T::Succeeded);
     let s = transition(&task(T::Pending, None), &TaskEvent::Complete).expect("applies");
     assert_eq!((s.task, s.attempt), (T::Succeeded, None));
@@ -155,14 +201,23 @@ fn complete_succeeds() {
 
 #[test]
 fn kick_fail_is_like_timeout() {
-    let s = transition(&task(T::Running, Some((T::Running, true))), &TaskEvent::KickFail)
-        .expect("applies");
+    let s = transition(
+        &task(T::Running, Some((T::Running, true))),
+        &TaskEvent::KickFail,
+    )
+    .expect("applies");
     assert_eq!(s.task, T::Failed);
 }
 
 #[test]
 fn terminal_tasks_reject_everything() {
-    for st in [T::Succeeded, T::Failed, T::Killed, T::WorkerFailed, T::CoschedFailed] {
+    for st in [
+        T::Succeeded,
+        T::Failed,
+        T::Killed,
+        T::WorkerFailed,
+        T::CoschedFailed,
+    ] {
         assert_eq!(
             transition(&task(st, None), &TaskEvent::WorkerLost),
             Err(Rejected::Terminal(st))
@@ -178,16 +233,33 @@ fn gang_cascade_direction() {
         state: T::Failed,
         error: "Exit code: 1".into(),
     };
-    assert_eq!(transition(&t, &fail).expect("applies").cascade, Some(GangCascade::Fail));
+    assert_eq!(
+        transition(&t, &fail).expect("applies").cascade,
+        Some(GangCascade::Fail)
+    );
     t.max_retries_failure = 1;
     assert_eq!(
         transition(&t, &fail).expect("applies").cascade,
         Some(GangCascade::Requeue)
     );
-    let s = transition(&t, &TaskEvent::SiblingFailed { sibling: "/a/b/1".into() }).expect("applies");
-    assert_eq!((s.task, s.attempt), (T::CoschedFailed, Some(T::CoschedFailed)));
-    let s = transition(&t, &TaskEvent::SiblingRequeued { sibling: "/a/b/1".into() })
-        .expect("applies");
+    let s = transition(
+        &t,
+        &TaskEvent::SiblingFailed {
+            sibling: "/a/b/1".into(),
+        },
+    )
+    .expect("applies");
+    assert_eq!(
+        (s.task, s.attempt),
+        (T::CoschedFailed, Some(T::CoschedFailed))
+    );
+    let s = transition(
+        &t,
+        &TaskEvent::SiblingRequeued {
+            sibling: "/a/b/1".into(),
+        },
+    )
+    .expect("applies");
     assert_eq!((s.task, s.attempt), (T::Pending, Some(T::CoschedFailed)));
 }
 
@@ -203,18 +275,30 @@ fn job(tasks: &[T], failed: u32, limit: u32) -> (JobState, Option<String>) {
 
 #[test]
 fn job_state_precedence() {
-    assert_eq!(job(&[T::Succeeded, T::Succeeded], 0, 0).0, JobState::Succeeded);
+    assert_eq!(
+        job(&[T::Succeeded, T::Succeeded], 0, 0).0,
+        JobState::Succeeded
+    );
     let (s, e) = job(&[T::Failed, T::Running], 1, 0);
     assert_eq!(s, JobState::Failed);
     assert_eq!(
         e.as_deref(),
         Some("Cumulative failed task attempts exceeded max_task_failures: failures=1, limit=0; Exit code: 3")
     );
-    assert_eq!(job(&[T::Unschedulable, T::Killed], 0, 0).0, JobState::Unschedulable);
+    assert_eq!(
+        job(&[T::Unschedulable, T::Killed], 0, 0).0,
+        JobState::Unschedulable
+    );
     assert_eq!(job(&[T::Succeeded, T::Killed], 0, 0).0, JobState::Killed);
-    assert_eq!(job(&[T::Succeeded, T::WorkerFailed], 0, 0).0, JobState::WorkerFailed);
+    assert_eq!(
+        job(&[T::Succeeded, T::WorkerFailed], 0, 0).0,
+        JobState::WorkerFailed
+    );
     assert_eq!(job(&[T::Succeeded, T::Failed], 1, 1).0, JobState::Failed);
     assert_eq!(job(&[T::Succeeded, T::Running], 0, 0).0, JobState::Running);
     assert_eq!(job(&[T::Pending, T::Pending], 0, 0).0, JobState::Pending);
-    assert_eq!(job(&[T::Pending, T::WorkerFailed], 0, 0).0, JobState::Pending);
+    assert_eq!(
+        job(&[T::Pending, T::WorkerFailed], 0, 0).0,
+        JobState::Pending
+    );
 }

@@ -1,0 +1,198 @@
+//! `iris bench`: figures for submit throughput and submit-to-succeeded latency, measured against
+//! an in-process controller (and local workers) on 127.0.0.1. Prints figures; asserts nothing.
+
+use clap::{Args, Subcommand};
+use iris_proto::cluster::controller as c;
+use iris_proto::job;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// LaunchJob throughput over loopback with several concurrent clients (no workers, so only
+    /// admission is measured).
+    Submit(SubmitArgs),
+    /// Median submit-to-succeeded latency of a trivial job on an idle local cluster.
+    Latency(LatencyArgs),
+}
+
+#[derive(Args)]
+pub struct SubmitArgs {
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+}
+
+#[derive(Args)]
+pub struct LatencyArgs {
+    #[arg(long, default_value_t = 50)]
+    jobs: usize,
+}
+
+fn request(name: String) -> c::LaunchJobRequest {
+    c::LaunchJobRequest {
+        name,
+        entrypoint: Some(job::RuntimeEntrypoint {
+            run_command: Some(job::CommandEntrypoint {
+                argv: vec!["true".into()],
+            }),
+            ..Default::default()
+        }),
+        resources: Some(job::ResourceSpecProto {
+            cpu_millicores: 100,
+            memory_bytes: 1 << 30,
+            disk_bytes: 1 << 30,
+            device: None,
+        }),
+        replicas: 1,
+        max_retries_preemption: 1000,
+        ..Default::default()
+    }
+}
+
+pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
+    let dir = tempdir()?;
+    let mut cfg = iris_controller::ControllerConfig::local(dir.clone());
+    cfg.revision_date = None;
+    let ctl = iris_controller::start(cfg).await?;
+    let url = ctl.url();
+    let result = match cmd {
+        BenchCmd::Submit(a) => submit(&url, a).await,
+        BenchCmd::Latency(a) => latency(&url, &dir, a).await,
+    };
+    ctl.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn tempdir() -> anyhow::Result<std::path::PathBuf> {
+    let mut b = [0u8; 6];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
+    let d = std::env::temp_dir().join(format!("iris-bench-{}", hex::encode(b)));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+async fn submit(url: &str, a: SubmitArgs) -> anyhow::Result<i32> {
+    let per = a.jobs / a.clients.max(1);
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for c in 0..a.clients {
+        let cl = iris_rpc::Client::new(url)?;
+        handles.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per);
+            for i in 0..per {
+                let t = Instant::now();
+                let r: Result<c::LaunchJobResponse, _> = cl
+                    .call(
+                        "iris.cluster.ControllerService",
+                        "LaunchJob",
+                        &request(format!("/bench/c{c}-j{i}")),
+                        Duration::from_secs(60),
+                    )
+                    .await;
+                if let Err(e) = r {
+                    return Err(anyhow::anyhow!("submit failed: {e}"));
+                }
+                lat.push(t.elapsed());
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await??);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    all.sort();
+    let p = |q: f64| all[((all.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1000.0;
+    println!(
+        "submit: {} jobs from {} clients in {:.2}s = {:.0} jobs/s accepted",
+        all.len(),
+        a.clients,
+        secs,
+        all.len() as f64 / secs
+    );
+    println!(
+        "submit latency ms: p50 {:.2}  p90 {:.2}  p99 {:.2}",
+        p(0.5),
+        p(0.9),
+        p(0.99)
+    );
+    Ok(0)
+}
+
+async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Result<i32> {
+    let w = iris_worker::start(iris_worker::WorkerConfig {
+        controller_url: url.to_string(),
+        worker_id: "worker-bench-0".into(),
+        bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        cpu_count: 16,
+        memory_bytes: 64 << 30,
+        disk_bytes: 100 << 30,
+        device: None,
+        attributes: Vec::new(),
+        scale_group: "cpu".into(),
+        cache_dir: dir.join("worker"),
+        heartbeat_timeout: Duration::from_secs(60),
+    })
+    .await?;
+    let cl = iris_rpc::Client::new(url)?;
+    // Wait for registration.
+    for _ in 0..200 {
+        let r: c::ListWorkersResponse = cl
+            .call(
+                "iris.cluster.ControllerService",
+                "ListWorkers",
+                &c::ListWorkersRequest::default(),
+                Duration::from_secs(5),
+            )
+            .await?;
+        if !r.workers.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut lat = Vec::new();
+    for i in 0..a.jobs {
+        let name = format!("/bench/lat-{i}");
+        let t = Instant::now();
+        let _: c::LaunchJobResponse = cl
+            .call(
+                "iris.cluster.ControllerService",
+                "LaunchJob",
+                &request(name.clone()),
+                Duration::from_secs(60),
+            )
+            .await?;
+        loop {
+            let r: c::GetJobStateResponse = cl
+                .call(
+                    "iris.cluster.ControllerService",
+                    "GetJobState",
+                    &c::GetJobStateRequest {
+                        job_ids: vec![name.clone()],
+                    },
+                    Duration::from_secs(5),
+                )
+                .await?;
+            match r.states.get(&name) {
+                Some(4) => break,
+                Some(s) if (5..=8).contains(s) => anyhow::bail!("job {name} ended in state {s}"),
+                _ => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "submit-to-succeeded latency over {} trivial jobs: median {:.1} ms  p90 {:.1} ms  max {:.1} ms",
+        lat.len(),
+        ms(lat[lat.len() / 2]),
+        ms(lat[lat.len() * 9 / 10]),
+        ms(lat[lat.len() - 1])
+    );
+    w.shutdown().await;
+    Ok(0)
+}

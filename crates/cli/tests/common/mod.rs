@@ -1,0 +1,575 @@
+//! Test harness: a real controller and real workers, each its own `iris` child process on
+//! 127.0.0.1 with ephemeral ports, driven through the real `iris` CLI.
+//!
+//! Every process started here is stopped when the `TestCluster` is dropped. Nothing sleeps for
+//! synchronisation: tests wait on observable state with [`wait_until`] / [`wait_for`].
+
+#![allow(dead_code)] // each test uses a different subset
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `iris` binary under test.
+pub const IRIS: &str = env!("CARGO_BIN_EXE_iris");
+
+/// How long a cluster may take to come up, or a job to reach an expected state.
+pub const STARTUP: Duration = Duration::from_secs(30);
+pub const SHORT: Duration = Duration::from_secs(30);
+
+/// Polls `f` every 50 ms until it returns true; panics naming `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    wait_for(timeout, what, || f().then_some(()));
+}
+
+/// Polls `f` every 50 ms until it returns `Some`; panics naming `what` after `timeout`.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A finished CLI invocation.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    fn from(o: Output) -> Out {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// Asserts exit 0 and returns stdout.
+    #[track_caller]
+    pub fn ok(&self) -> &str {
+        assert_eq!(
+            self.code, 0,
+            "expected success\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        &self.stdout
+    }
+
+    /// Asserts a non-zero exit and returns stderr.
+    #[track_caller]
+    pub fn err(&self) -> &str {
+        assert_ne!(
+            self.code, 0,
+            "expected failure\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        &self.stderr
+    }
+}
+
+/// A worker to start: `iris worker serve --cpu C --memory 16GB [--device D] [--attribute k=v]...`.
+#[derive(Clone, Debug)]
+pub struct WorkerSpec {
+    pub cpu: u32,
+    pub device: Option<String>,
+    pub attributes: Vec<(String, String)>,
+}
+
+impl WorkerSpec {
+    pub fn cpu(cpu: u32) -> WorkerSpec {
+        WorkerSpec {
+            cpu,
+            device: None,
+            attributes: Vec::new(),
+        }
+    }
+    pub fn device(mut self, d: &str) -> WorkerSpec {
+        self.device = Some(d.to_string());
+        self
+    }
+    pub fn attr(mut self, k: &str, v: &str) -> WorkerSpec {
+        self.attributes.push((k.to_string(), v.to_string()));
+        self
+    }
+}
+
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+/// A controller plus workers, each a separate `iris` process, in a private temp dir.
+pub struct TestCluster {
+    root: tempfile::TempDir,
+    pub state_dir: PathBuf,
+    /// Working directory for CLI invocations (so `job run` bundles an empty tree).
+    pub ws: PathBuf,
+    pub url: String,
+    controller: Proc,
+    workers: Vec<Proc>,
+    next_worker: usize,
+}
+
+fn stop(p: &mut Proc) {
+    if matches!(p.child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    // SIGTERM first: a worker kills its tasks' process groups on a clean shutdown.
+    let _ = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        if matches!(p.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = p.child.kill();
+    let _ = p.child.wait();
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            stop(w);
+        }
+        stop(&mut self.controller);
+        if std::thread::panicking() {
+            // Leave the daemons' own logs in the test output for diagnosis.
+            for name in std::iter::once("controller".to_string())
+                .chain(self.workers.iter().map(|w| w.name.clone()))
+            {
+                let p = self.root.path().join(format!("{name}.log"));
+                if let Ok(s) = std::fs::read_to_string(&p) {
+                    let tail: Vec<&str> = s.lines().rev().take(40).collect();
+                    eprintln!("---- {name}.log (last lines) ----");
+                    for l in tail.into_iter().rev() {
+                        eprintln!("{l}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn base_cmd(cwd: &Path) -> Command {
+    let mut c = Command::new(IRIS);
+    c.current_dir(cwd)
+        .env_remove("IRIS_CONTROLLER_URL")
+        .env_remove("IRIS_TASK_ID")
+        .env_remove("IRIS_STATE_DIR")
+        .env_remove("IRIS_USER")
+        .env_remove("IRIS_LOG")
+        .env_remove("MARIN_CLUSTER_TOKEN")
+        .stdin(Stdio::null());
+    c
+}
+
+impl TestCluster {
+    /// Starts a controller (`--worker-grace 2`) and the given workers, and waits until every
+    /// worker is listed as healthy.
+    pub fn start(workers: &[WorkerSpec]) -> TestCluster {
+        TestCluster::start_with_config(workers, None)
+    }
+
+    /// Like [`TestCluster::start`], with a cluster YAML whose scale groups declare capacity for
+    /// the submit-time feasibility check.
+    pub fn start_with_config(workers: &[WorkerSpec], config_yaml: Option<&str>) -> TestCluster {
+        let root = tempfile::Builder::new()
+            .prefix("iris-it-")
+            .tempdir()
+            .expect("temp dir");
+        let state_dir = root.path().join("state");
+        let ws = root.path().join("ws");
+        std::fs::create_dir_all(&state_dir).expect("state dir");
+        std::fs::create_dir_all(&ws).expect("ws dir");
+        std::fs::write(ws.join("README"), "integration test workspace\n").expect("ws file");
+        let log = std::fs::File::create(root.path().join("controller.log")).expect("log file");
+        let mut cmd = base_cmd(root.path());
+        cmd.args(["cluster", "controller", "serve", "--state-dir"])
+            .arg(&state_dir)
+            .args(["--bind", "127.0.0.1:0", "--worker-grace", "2"]);
+        if let Some(y) = config_yaml {
+            let p = root.path().join("cluster.yaml");
+            std::fs::write(&p, y).expect("config");
+            cmd.arg("--config").arg(p);
+        }
+        let child = cmd
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn controller");
+        let mut tc = TestCluster {
+            root,
+            state_dir,
+            ws,
+            url: String::new(),
+            controller: Proc {
+                name: "controller".into(),
+                child,
+            },
+            workers: Vec::new(),
+            next_worker: 0,
+        };
+        let url_file = tc.state_dir.join("controller.url");
+        tc.url = wait_for(STARTUP, "controller.url to be written", || {
+            if let Ok(Some(st)) = tc.controller.child.try_wait() {
+                panic!("controller exited early: {st}");
+            }
+            std::fs::read_to_string(&url_file)
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| {
+                    s.starts_with("http://127.0.0.1:")
+                        && s.rsplit(':')
+                            .next()
+                            .is_some_and(|p| p.parse::<u16>().is_ok())
+                })
+        });
+        wait_until(STARTUP, "controller to answer list-workers", || {
+            tc.iris(&["rpc", "controller", "list-workers"]).code == 0
+        });
+        let ids: Vec<String> = workers.iter().map(|w| tc.spawn_worker(w)).collect();
+        tc.wait_workers(&ids);
+        tc
+    }
+
+    /// Stops the controller (SIGTERM) and starts it again on the same state dir and address;
+    /// waits until it answers and every running worker is healthy again.
+    pub fn restart_controller(&mut self) {
+        stop(&mut self.controller);
+        let addr = self.url.trim_start_matches("http://").to_string();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.root.path().join("controller.log"))
+            .expect("log file");
+        let child = base_cmd(self.root.path())
+            .args(["cluster", "controller", "serve", "--state-dir"])
+            .arg(&self.state_dir)
+            .args(["--bind", &addr, "--worker-grace", "2"])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn controller");
+        self.controller = Proc {
+            name: "controller".into(),
+            child,
+        };
+        wait_until(STARTUP, "restarted controller to answer", || {
+            if let Ok(Some(st)) = self.controller.child.try_wait() {
+                panic!("controller exited early: {st}");
+            }
+            self.iris(&["rpc", "controller", "list-workers"]).code == 0
+        });
+        let live: Vec<String> = self
+            .workers
+            .iter_mut()
+            .filter_map(|w| matches!(w.child.try_wait(), Ok(None)).then(|| w.name.clone()))
+            .collect();
+        self.wait_workers(&live);
+    }
+
+    /// Starts one more worker and waits until it is registered; returns its id.
+    pub fn add_worker(&mut self, w: &WorkerSpec) -> String {
+        let id = self.spawn_worker(w);
+        self.wait_workers(std::slice::from_ref(&id));
+        id
+    }
+
+    fn spawn_worker(&mut self, w: &WorkerSpec) -> String {
+        let id = format!("w{}", self.next_worker);
+        self.next_worker += 1;
+        let log =
+            std::fs::File::create(self.root.path().join(format!("{id}.log"))).expect("log file");
+        let mut cmd = base_cmd(self.root.path());
+        cmd.args([
+            "--controller-url",
+            &self.url,
+            "worker",
+            "serve",
+            "--worker-id",
+            &id,
+        ])
+        .args([
+            "--cpu",
+            &w.cpu.to_string(),
+            "--memory",
+            "16GB",
+            "--heartbeat-timeout",
+            "30",
+        ])
+        .arg("--cache-dir")
+        .arg(self.root.path().join("cache").join(&id));
+        if let Some(d) = &w.device {
+            cmd.args(["--device", d]);
+        }
+        for (k, v) in &w.attributes {
+            cmd.args(["--attribute", &format!("{k}={v}")]);
+        }
+        let child = cmd
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn worker");
+        self.workers.push(Proc {
+            name: id.clone(),
+            child,
+        });
+        id
+    }
+
+    fn wait_workers(&self, ids: &[String]) {
+        wait_until(STARTUP, &format!("workers {ids:?} to register"), || {
+            let healthy = self.healthy_workers();
+            ids.iter().all(|i| healthy.contains(i))
+        });
+    }
+
+    /// Ids of the workers the controller lists as healthy.
+    pub fn healthy_workers(&self) -> Vec<String> {
+        let o = self.iris(&["rpc", "controller", "list-workers"]);
+        if o.code != 0 {
+            return Vec::new();
+        }
+        let v: Value = serde_json::from_str(&o.stdout).unwrap_or(Value::Null);
+        v["workers"]
+            .as_array()
+            .map(|ws| {
+                ws.iter()
+                    .filter(|w| w["healthy"].as_bool().unwrap_or(false))
+                    .filter_map(|w| w["workerId"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `kill -9` a worker's process (the controller is not told).
+    pub fn kill_worker(&mut self, id: &str) {
+        let p = self
+            .workers
+            .iter_mut()
+            .find(|w| w.name == id)
+            .expect("known worker");
+        p.child.kill().expect("kill -9 worker");
+        p.child.wait().expect("reap worker");
+    }
+
+    /// A path inside the cluster's temp dir (for pid files and the like).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.root.path().join(name)
+    }
+
+    /// Runs `iris --controller-url URL <args>` from the workspace dir.
+    pub fn iris(&self, args: &[&str]) -> Out {
+        let o = base_cmd(&self.ws)
+            .arg("--controller-url")
+            .arg(&self.url)
+            .args(args)
+            .output()
+            .expect("run iris");
+        Out::from(o)
+    }
+
+    /// Starts `iris --controller-url URL <args>` without waiting (stdout and stderr piped).
+    pub fn spawn_iris(&self, args: &[&str]) -> Child {
+        base_cmd(&self.ws)
+            .arg("--controller-url")
+            .arg(&self.url)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn iris")
+    }
+
+    /// Like [`TestCluster::iris`], feeding `input` on stdin.
+    pub fn iris_stdin(&self, args: &[&str], input: &str) -> Out {
+        use std::io::Write;
+        let mut child = base_cmd(&self.ws)
+            .arg("--controller-url")
+            .arg(&self.url)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run iris");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
+        Out::from(child.wait_with_output().expect("wait iris"))
+    }
+
+    /// `iris job run --no-wait --user u --job-name NAME <flags> -- <cmd>`; asserts success and
+    /// returns the printed job id.
+    #[track_caller]
+    pub fn submit(&self, name: &str, flags: &[&str], cmd: &[&str]) -> String {
+        let mut args = vec!["job", "run", "--no-wait", "--user", "u", "--job-name", name];
+        args.extend_from_slice(flags);
+        args.push("--");
+        args.extend_from_slice(cmd);
+        let o = self.iris(&args);
+        o.ok().trim().to_string()
+    }
+
+    /// `iris job summary JOB --json`.
+    #[track_caller]
+    pub fn summary(&self, job: &str) -> Value {
+        let o = self.iris(&["job", "summary", job, "--json"]);
+        serde_json::from_str(o.ok()).unwrap_or_else(|e| panic!("summary JSON: {e}\n{}", o.stdout))
+    }
+
+    /// `GetJobStatus` as proto-JSON (for fields the summary does not carry).
+    #[track_caller]
+    pub fn job_status(&self, job: &str) -> Value {
+        let body = serde_json::json!({ "jobId": job }).to_string();
+        let o = self.iris(&["rpc", "controller", "get-job-status", "--json", &body]);
+        let v: Value = serde_json::from_str(o.ok()).expect("get-job-status JSON");
+        v["job"].clone()
+    }
+
+    /// `iris query SQL -f json` → rows as JSON objects.
+    #[track_caller]
+    pub fn query(&self, sql: &str) -> Vec<Value> {
+        let o = self.iris(&["query", sql, "-f", "json"]);
+        let v: Value = serde_json::from_str(o.ok())
+            .unwrap_or_else(|e| panic!("query JSON: {e}\n{}", o.stdout));
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// A single integer from a one-row, one-column query.
+    #[track_caller]
+    pub fn query_i64(&self, sql: &str) -> i64 {
+        let rows = self.query(sql);
+        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+        let obj = rows[0].as_object().expect("row object");
+        obj.values()
+            .next()
+            .and_then(Value::as_i64)
+            .unwrap_or_else(|| panic!("{sql}: not an integer: {rows:?}"))
+    }
+
+    /// The job's friendly state (`running`, `succeeded`, …); `None` if the job does not exist.
+    pub fn job_state(&self, job: &str) -> Option<String> {
+        let o = self.iris(&["job", "summary", job, "--json"]);
+        if o.code != 0 {
+            return None;
+        }
+        let v: Value = serde_json::from_str(&o.stdout).ok()?;
+        v["state"].as_str().map(str::to_string)
+    }
+
+    /// Waits until the job is in `state`.
+    #[track_caller]
+    pub fn wait_job(&self, job: &str, state: &str) -> Value {
+        wait_for(SHORT, &format!("job {job} to be {state}"), || {
+            let v = self.summary(job);
+            (v["state"] == state).then_some(v)
+        })
+    }
+
+    /// Waits until every listed task of `job` is in the paired state.
+    #[track_caller]
+    pub fn wait_tasks(&self, job: &str, states: &[(usize, &str)]) -> Value {
+        wait_for(
+            SHORT,
+            &format!("tasks of {job} to reach {states:?}"),
+            || {
+                let v = self.summary(job);
+                let tasks = v["tasks"].as_array()?;
+                states
+                    .iter()
+                    .all(|(i, s)| tasks.get(*i).map(|t| t["state"] == *s).unwrap_or(false))
+                    .then_some(v)
+            },
+        )
+    }
+
+    /// Attempts of a task from the DB, ordered by attempt id.
+    pub fn attempts(&self, task: &str) -> Vec<Value> {
+        self.query(&format!(
+            "SELECT attempt_id, worker_id, state, exit_code, attempt_uid, created_at_ms, started_at_ms, finished_at_ms, error \
+             FROM task_attempts WHERE task_id = '{}' ORDER BY attempt_id",
+            task.replace('\'', "''")
+        ))
+    }
+
+    /// Number of rows in `jobs`.
+    pub fn job_count(&self) -> i64 {
+        self.query_i64("SELECT count(*) AS n FROM jobs")
+    }
+}
+
+/// Log lines printed by `iris job logs`: the text after ` | `.
+pub fn log_lines(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_once(" | ").map(|(_, d)| d.to_string()))
+        .collect()
+}
+
+/// Whether process `pid` still exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            // Field 3 (after the parenthesised command) is the state.
+            let state = s
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            state != Some('Z')
+        }
+        Err(_) => false,
+    }
+}
+
+/// Pids written one per line to a file (empty if the file does not exist yet).
+pub fn read_pids(p: &Path) -> Vec<u32> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A raw HTTP/1.1 JSON POST to the controller (to observe status codes the CLI hides).
+/// Returns the status code and the body.
+pub fn http_post_json(url: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(hostport).expect("connect to controller");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("read timeout");
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send request");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read response");
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"));
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -1,0 +1,496 @@
+"""Drives our controller with the published Python Iris CLI and IrisClient.
+
+Run by tests/compat/run.sh with the venv's python:
+
+    python compat_test.py --controller-url URL --iris PATH/TO/iris
+
+Each step runs the published `iris` CLI (or the published `IrisClient` API) against the
+controller and asserts on exit codes and output. Prints one line per step and ends with
+`N passed, M failed`; exits 1 if any step failed.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ARGS = None
+WORKSPACE = None  # a directory with data.txt; every CLI call runs from here
+RUN_ID = f"{os.getpid()}-{int(time.time()) % 100000}"
+USER = "compat"
+STEPS = []
+
+# A command that never returns by itself; jobs running it are cancelled, completed or kicked.
+SLEEP = ["sleep", "600"]
+
+
+def step(fn):
+    STEPS.append(fn)
+    return fn
+
+
+class Result:
+    def __init__(self, args, proc):
+        self.args = args
+        self.rc = proc.returncode
+        self.out = proc.stdout
+        self.err = proc.stderr
+
+    def describe(self):
+        return f"`iris {' '.join(self.args)}` exited {self.rc}\n--- stdout\n{self.out}--- stderr\n{self.err[-3000:]}"
+
+
+def iris(*args, timeout=120, stdin=None, cwd=None):
+    """Runs the published CLI against our controller from the workspace directory."""
+    argv = [ARGS.iris, "--controller-url", ARGS.controller_url, *args]
+    env = dict(os.environ, IRIS_USER=USER)
+    proc = subprocess.run(
+        argv,
+        cwd=cwd or WORKSPACE,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return Result(list(args), proc)
+
+
+def ok(r):
+    assert r.rc == 0, r.describe()
+    return r
+
+
+def name(tag):
+    return f"compat-{RUN_ID}-{tag}"
+
+
+def job_id(tag):
+    return f"/{USER}/{name(tag)}"
+
+
+def submit(tag, cmd, *flags):
+    """`job run --no-wait`; returns the job id the CLI printed."""
+    r = ok(iris("job", "run", "--no-wait", "--job-name", name(tag), *flags, "--", *cmd))
+    lines = r.out.strip().splitlines()
+    assert lines == [job_id(tag)], f"stdout must be only the job id:\n{r.describe()}"
+    return lines[0]
+
+
+def wait_until(what, fn, timeout=60.0, interval=0.2):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+_CLIENT = None
+
+
+def client():
+    """The published IrisClient; used to poll for preconditions (the CLI takes seconds to start)."""
+    global _CLIENT
+    if _CLIENT is None:
+        from iris.client import IrisClient
+
+        _CLIENT = IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE))
+    return _CLIENT
+
+
+def api_job_state(job):
+    from iris.cluster.types import JobName
+
+    return client().job_state(JobName.from_wire(job)).value
+
+
+def api_task_state(task):
+    from iris.cluster.types import JobName
+
+    return client().task_status(JobName.from_wire(task)).state.value
+
+
+def describe_state(job):
+    r = ok(iris("job", "describe", job))
+    m = re.search(r"^State: (\S+)", r.out, re.M)
+    assert m, r.describe()
+    return m.group(1), r
+
+
+def task_rows(describe_out):
+    """Task table rows of `job describe`: {index: state}."""
+    rows = {}
+    for line in describe_out.splitlines():
+        m = re.match(r"^\s*(\d+)\s+([a-z_]+)\s", line)
+        if m:
+            rows[int(m.group(1))] = m.group(2)
+    return rows
+
+
+def task_state(task):
+    r = ok(iris("task", "describe", task))
+    m = re.search(r"^State: (\S+)", r.out, re.M)
+    assert m, r.describe()
+    return m.group(1), r
+
+
+# --------------------------------------------------------------------------------------------
+# Steps
+
+
+@step
+def job_run_no_wait():
+    j = submit("nowait", ["true"])
+    assert j == job_id("nowait")
+
+
+@step
+def job_run_streams_output_and_exits_0():
+    r = iris("job", "run", "--job-name", name("stream"), "--", "sh", "-c", "echo compat-out-line; echo compat-err-line >&2")
+    ok(r)
+    assert r.out.strip().splitlines()[0] == job_id("stream"), r.describe()
+    assert "compat-out-line" in r.err and "compat-err-line" in r.err, r.describe()
+    assert "Job completed with state: succeeded" in r.err, r.describe()
+
+
+@step
+def job_run_failing_command_exits_1():
+    r = iris("job", "run", "--job-name", name("exit3"), "--", "sh", "-c", "echo compat-before-exit; exit 3")
+    assert r.rc == 1, r.describe()
+    assert "compat-before-exit" in r.err, r.describe()
+    assert "Exit code: 3" in r.err, r.describe()
+
+
+@step
+def job_run_ships_workspace_bundle():
+    r = ok(iris("job", "run", "--job-name", name("bundle"), "--", "cat", "data.txt"))
+    assert "compat-data-file-contents" in r.err, r.describe()
+
+
+@step
+def job_run_ships_a_bundle_over_two_mib():
+    with tempfile.TemporaryDirectory(prefix="iris-compat-big-") as ws:
+        # Incompressible, so the zipped bundle stays ~5 MiB (the client allows 25 MiB).
+        Path(ws, "big.bin").write_bytes(os.urandom(5 << 20))
+        r = ok(iris("job", "run", "--job-name", name("bigbundle"), "--", "wc", "-c", "big.bin", cwd=ws))
+        assert f"{5 << 20} big.bin" in r.err, r.describe()
+
+
+@step
+def job_run_enable_extra_resources():
+    # --memory >= 4GB needs --enable-extra-resources; without it the CLI refuses before any RPC.
+    r = iris("job", "run", "--no-wait", "--memory", "8GB", "--job-name", name("big"), "--", "true")
+    assert r.rc == 2 and "--enable-extra-resources" in r.err, r.describe()
+    j = submit("big", ["true"], "--enable-extra-resources", "--memory", "8GB")
+    ok(iris("job", "wait", j))
+
+
+@step
+def job_list():
+    r = ok(iris("job", "list"))
+    assert r.out.splitlines()[0].split()[:4] == ["JOB", "ID", "STATE", "SUBMITTED"], r.describe()
+    rows = {line.split()[0]: line.split()[1] for line in r.out.splitlines()[1:] if line.startswith("/")}
+    assert rows.get(job_id("stream")) == "succeeded", r.describe()
+    assert rows.get(job_id("exit3")) == "failed", r.describe()
+    # Newest first.
+    ids = [line.split()[0] for line in r.out.splitlines()[1:] if line.startswith("/")]
+    assert ids.index(job_id("exit3")) < ids.index(job_id("stream")), r.describe()
+    # The failed job shows its reason (the CLI cuts it at 63 characters).
+    failed_row = next(line for line in r.out.splitlines() if line.startswith(job_id("exit3") + " "))
+    assert "REASON" in r.out.splitlines()[0] and len(failed_row.split()) > 4, r.describe()
+
+
+@step
+def job_list_state_running():
+    j = submit("running", SLEEP)
+    wait_until(f"{j} running", lambda: api_job_state(j) == "running")
+    r = ok(iris("job", "list", "--state", "running"))
+    ids = [line.split()[0] for line in r.out.splitlines() if line.startswith("/")]
+    assert j in ids, r.describe()
+    assert job_id("stream") not in ids, r.describe()
+    assert all(line.split()[1] == "running" for line in r.out.splitlines() if line.startswith("/")), r.describe()
+    r = ok(iris("job", "list", "--prefix", f"/{USER}/compat-{RUN_ID}-run"))
+    assert [line.split()[0] for line in r.out.splitlines() if line.startswith("/")] == [j], r.describe()
+    ok(iris("job", "cancel", j))
+
+
+@step
+def job_describe():
+    r = ok(iris("job", "describe", job_id("stream")))
+    assert f"Job: {job_id('stream')}" in r.out, r.describe()
+    assert re.search(r"^State: succeeded\s+exit=0\s+failures=0\s+preemptions=0", r.out, re.M), r.describe()
+    assert "Tasks: 1/1 completed  succeeded=1" in r.out, r.describe()
+    assert task_rows(r.out) == {0: "succeeded"}, r.describe()
+    r = ok(iris("job", "describe", job_id("exit3")))
+    assert re.search(r"^State: failed\s+exit=3", r.out, re.M) or re.search(r"^State: failed", r.out, re.M), r.describe()
+    assert "failures=1" in r.out and "Error:" in r.out, r.describe()
+    assert task_rows(r.out) == {0: "failed"}, r.describe()
+
+
+@step
+def job_describe_unknown_job_is_not_found():
+    t0 = time.monotonic()
+    r = iris("job", "describe", f"/{USER}/compat-{RUN_ID}-no-such-job", timeout=60)
+    assert r.rc != 0, r.describe()
+    assert "not found" in r.err.lower(), r.describe()
+    assert time.monotonic() - t0 < 30, "NOT_FOUND must not be retried"
+
+
+@step
+def job_logs_tail_and_no_tail():
+    j = job_id("lines")
+    ok(iris("job", "run", "--job-name", name("lines"), "--", "sh", "-c", "for i in 1 2 3 4 5; do echo compat-line-$i; done"))
+    r = ok(iris("job", "logs", j))
+    lines = [line for line in r.out.splitlines() if "compat-line-" in line]
+    assert [line.rsplit(" ", 1)[-1] for line in lines] == [f"compat-line-{i}" for i in range(1, 6)], r.describe()
+    assert re.match(rf"^\[\d\d:\d\d:\d\d\] task={re.escape(j)}/0 attempt=0 \| compat-line-1$", lines[0]), r.describe()
+    r = ok(iris("job", "logs", j, "--no-tail", "--max-lines", "2"))
+    got = [line.rsplit(" ", 1)[-1] for line in r.out.splitlines() if "compat-line-" in line]
+    assert got == ["compat-line-1", "compat-line-2"], r.describe()
+    r = ok(iris("job", "logs", j, "--max-lines", "2"))
+    got = [line.rsplit(" ", 1)[-1] for line in r.out.splitlines() if "compat-line-" in line]
+    assert got == ["compat-line-4", "compat-line-5"], r.describe()
+    r = ok(iris("job", "logs", j, "--substring", "line-3"))
+    got = [line.rsplit(" ", 1)[-1] for line in r.out.splitlines() if "compat-line-" in line]
+    assert got == ["compat-line-3"], r.describe()
+    r = ok(iris("task", "logs", f"{j}/0", "--no-tail", "--max-lines", "1"))
+    assert r.out.strip().endswith("compat-line-1"), r.describe()
+
+
+@step
+def job_logs_follow():
+    j = submit("follow", ["sh", "-c", "echo compat-follow-a; sleep 1; echo compat-follow-b"])
+    r = ok(iris("job", "logs", "-f", j, timeout=60))
+    got = [line.rsplit(" ", 1)[-1] for line in r.out.splitlines() if "compat-follow-" in line]
+    assert got == ["compat-follow-a", "compat-follow-b"], r.describe()
+
+
+@step
+def job_wait():
+    j = submit("wait-ok", ["sh", "-c", "sleep 1"])
+    r = ok(iris("job", "wait", j))
+    assert r.out.strip() == "succeeded", r.describe()
+    r = iris("job", "wait", job_id("exit3"))
+    assert r.rc == 1 and r.out.strip() == "failed", r.describe()
+
+
+@step
+def job_cancel_two_replicas():
+    j = submit("cancel", SLEEP, "--replicas", "2")
+    wait_until(f"{j} running", lambda: api_job_state(j) == "running")
+    r = ok(iris("job", "cancel", j))
+    assert r.out.splitlines() == ["Cancelled jobs:", f"  {j}"], r.describe()
+
+    def both_killed():
+        from iris.cluster.types import JobName
+
+        tasks = client().list_tasks(JobName.from_wire(j))
+        return api_job_state(j) == "killed" and [t.state.value for t in tasks] == ["killed", "killed"]
+
+    wait_until(f"{j} and both tasks killed", both_killed, timeout=30)
+    state, d = describe_state(j)
+    assert state == "killed" and task_rows(d.out) == {0: "killed", 1: "killed"}, d.describe()
+    assert "Tasks: 2/2 completed  killed=2" in d.out, d.describe()
+    r = iris("job", "cancel", f"{j}-nope")
+    assert r.rc == 1 and "No job named" in r.err and j in r.err, r.describe()
+
+
+@step
+def job_complete():
+    j = submit("complete", SLEEP)
+    wait_until(f"{j} running", lambda: api_job_state(j) == "running")
+    r = ok(iris("job", "complete", j))
+    assert r.out.strip() == f"Completed job: {j}", r.describe()
+    r = ok(iris("job", "wait", j, timeout=60))
+    assert r.out.strip() == "succeeded", r.describe()
+    state, d = describe_state(j)
+    assert state == "succeeded" and task_rows(d.out) == {0: "succeeded"}, d.describe()
+
+
+@step
+def task_describe():
+    t = f"{job_id('exit3')}/0"
+    state, r = task_state(t)
+    assert state == "failed", r.describe()
+    assert f"Task: {t}" in r.out and "exit=3" in r.out, r.describe()
+    assert "Resources: " in r.out and "Attempts:" in r.out, r.describe()
+    assert re.search(r"^\s*0\s+[0-9a-f]{12}\s+failed\s+3\s", r.out, re.M), r.describe()
+    r = iris("task", "describe", f"{job_id('exit3')}/7")
+    assert r.rc != 0 and "not found" in r.err.lower(), r.describe()
+
+
+@step
+def task_preempt_running_task():
+    j = submit("preempt", SLEEP)
+    t = f"{j}/0"
+    wait_until(f"{t} running", lambda: api_task_state(t) == "running")
+    r = ok(iris("task", "preempt", t, "--reason", "compat test"))
+    assert r.out.strip() == f"preempted: {t}", r.describe()
+
+    # The preemption retry budget (1000) lets it run again as attempt 1.
+    def rerunning():
+        from iris.cluster.types import JobName
+
+        st = client().task_status(JobName.from_wire(t))
+        return st.state.value == "running" and st.current_attempt_number == 1
+
+    wait_until(f"{t} running again as attempt 1", rerunning, timeout=30)
+    state, d = task_state(t)
+    assert state == "running" and re.search(r"^\s*1\s+[0-9a-f]{12}\s+running", d.out, re.M), d.describe()
+    assert re.search(r"^\s*0\s+[0-9a-f]{12}\s+preempted\s", d.out, re.M), d.describe()
+    state, d = describe_state(j)
+    assert "preemptions=1" in d.out, d.describe()
+    ok(iris("job", "cancel", j))
+
+
+@step
+def task_fail_running_task():
+    j = submit("fail", SLEEP)
+    t = f"{j}/0"
+    wait_until(f"{t} running", lambda: api_task_state(t) == "running")
+    r = ok(iris("task", "fail", t))
+    assert r.out.strip() == f"failed: {t}", r.describe()
+    r = iris("job", "wait", j, timeout=60)
+    assert r.rc == 1 and r.out.strip() == "failed", r.describe()
+    state, d = task_state(t)
+    assert state == "failed", d.describe()
+    # A finished task cannot be kicked again: rejected, exit 1.
+    r = iris("task", "fail", t)
+    assert r.rc == 1 and f"rejected: {t}" in r.err, r.describe()
+
+
+@step
+def query_csv():
+    r = ok(iris("query", "SELECT state, count(*) FROM jobs GROUP BY state", "-f", "csv"))
+    lines = r.out.strip().splitlines()
+    assert lines[0] == "state,count(*)", r.describe()
+    counts = {int(a): int(b) for a, b in (line.split(",") for line in lines[1:])}
+    # JOB_STATE_SUCCEEDED=4, FAILED=5, KILLED=6: earlier steps left jobs in each.
+    assert counts.get(4, 0) >= 1 and counts.get(5, 0) >= 1 and counts.get(6, 0) >= 1, r.describe()
+    total = ok(iris("query", "SELECT count(*) AS n FROM jobs", "-f", "csv")).out.strip().splitlines()
+    assert total[0] == "n" and int(total[1]) == sum(counts.values()), total
+
+
+@step
+def query_delete_refused():
+    before = ok(iris("query", "SELECT count(*) FROM jobs", "-f", "csv")).out
+    r = iris("query", "DELETE FROM jobs")
+    assert r.rc != 0, r.describe()
+    assert "SELECT" in r.err, r.describe()
+    after = ok(iris("query", "SELECT count(*) FROM jobs", "-f", "csv")).out
+    assert before == after and before.strip().splitlines()[1] != "0", (before, after)
+
+
+@step
+def user_budget_set_get():
+    u = f"budget-{RUN_ID}".replace("-", "")
+    r = ok(iris("user", "budget", "set", u, "--limit", "500", "--max-band", "batch"))
+    assert r.out.strip() == f"Budget set for {u}: limit=500, max_band=batch", r.describe()
+    r = ok(iris("user", "budget", "get", u))
+    fields = dict(line.split(":", 1) for line in r.out.strip().splitlines())
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    assert fields == {"User": u, "Limit": "500", "Spent": "0", "Max band": "batch"}, r.describe()
+    r = ok(iris("user", "budget", "list"))
+    assert any(line.split()[:4] == [u, "500", "0", "batch"] for line in r.out.splitlines()), r.describe()
+    # A user capped at batch may not submit interactive work.
+    r = iris("job", "run", "--no-wait", "--user", u, "--job-name", name("band"), "--", "true")
+    assert r.rc != 0 and "maximum band" in r.err, r.describe()
+    ok(iris("job", "run", "--no-wait", "--user", u, "--priority", "batch", "--job-name", name("band"), "--", "true"))
+
+
+@step
+def rpc_list_users_and_scheduler_state():
+    import json
+
+    j = submit("sched", SLEEP)
+    wait_until(f"{j} running", lambda: api_job_state(j) == "running")
+    r = ok(iris("rpc", "controller", "list-users"))
+    users = {u["user"]: u for u in json.loads(r.out)["users"]}
+    assert users[USER]["job_state_counts"]["running"] >= 1, r.describe()
+    assert users[USER]["task_state_counts"]["running"] >= 1, r.describe()
+    r = ok(iris("rpc", "controller", "get-scheduler-state"))
+    state = json.loads(r.out)
+    mine = [b for b in state.get("running_buckets", []) if b["job_id"] == j]
+    assert len(mine) == 1 and mine[0]["count"] == 1 and mine[0]["user_id"] == USER, r.describe()
+    assert state["total_running"] >= 1, r.describe()
+    ok(iris("job", "cancel", j))
+
+
+@step
+def python_client_submit_replicas_env_logs():
+    from iris.client import IrisClient, JobState
+    from iris.cluster.types import Entrypoint, EnvironmentSpec, ResourceSpec
+
+    with IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE)) as client:
+        job = client.submit(
+            Entrypoint.from_command("sh", "-c", 'echo "compat-env=$COMPAT_VAR task=$IRIS_TASK_ID"'),
+            name("py"),
+            ResourceSpec(cpu=0.1, memory="128MB", disk="100MB"),
+            environment=EnvironmentSpec(env_vars={"COMPAT_VAR": "from-python"}),
+            replicas=3,
+            user=USER,
+        )
+        assert str(job.job_id) == job_id("py"), job.job_id
+        status = job.wait(timeout=120, poll_interval=1.0)
+        assert status.state is JobState.SUCCEEDED, status
+        assert status.task_count == 3 and status.completed_count == 3, status
+        assert status.submitted_at is not None and status.started_at is not None and status.finished_at is not None
+        tasks = job.tasks()
+        assert [t.task_index for t in tasks] == [0, 1, 2], tasks
+        entries = job.logs()
+        got = sorted((str(e.task_id), e.data.split(" ")[0]) for e in entries if e.data.startswith("compat-env="))
+        want = sorted((f"{job_id('py')}/{i}", "compat-env=from-python") for i in range(3))
+        assert got == want, entries
+        task_logs = tasks[1].logs()
+        assert [e.data.split(" ")[0] for e in task_logs if e.data.startswith("compat-env")] == ["compat-env=from-python"]
+        listed = [j.job_id for j in client.list_jobs(prefix=job_id("py"))]
+        assert [str(x) for x in listed] == [job_id("py")], listed
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main():
+    global ARGS, WORKSPACE
+    p = argparse.ArgumentParser()
+    p.add_argument("--controller-url", required=True)
+    p.add_argument("--iris", required=True, help="the published iris CLI")
+    p.add_argument("--cluster-log", help="printed (tail) when a step fails")
+    p.add_argument("-k", default="", help="run only steps whose name contains this")
+    ARGS = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="iris-compat-ws-") as ws:
+        WORKSPACE = ws
+        Path(ws, "data.txt").write_text("compat-data-file-contents\n")
+        passed = failed = 0
+        for fn in STEPS:
+            if ARGS.k and ARGS.k not in fn.__name__:
+                continue
+            t0 = time.monotonic()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - report every failure and go on
+                failed += 1
+                detail = str(e) if isinstance(e, AssertionError) and str(e) else traceback.format_exc()
+                print(f"FAIL {fn.__name__} ({time.monotonic() - t0:.1f}s)\n    " + detail.replace("\n", "\n    "), flush=True)
+            else:
+                passed += 1
+                print(f"ok   {fn.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
+        if _CLIENT is not None:
+            _CLIENT.shutdown()
+        if failed and ARGS.cluster_log and Path(ARGS.cluster_log).exists():
+            tail = Path(ARGS.cluster_log).read_text(errors="replace").splitlines()[-40:]
+            print("--- last lines of the cluster's log\n" + "\n".join(tail), flush=True)
+        print(f"{passed} passed, {failed} failed", flush=True)
+        return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

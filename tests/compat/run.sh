@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Drives our controller with the PUBLISHED Python Iris CLI and IrisClient (marin-iris on PyPI).
+#
+#   bash tests/compat/run.sh            # creates .venv-compat in the repo root if absent
+#   IRIS_COMPAT_VENV=/tmp/V bash tests/compat/run.sh   # reuse an existing venv
+#   bash tests/compat/run.sh -k cancel  # only steps whose name contains "cancel"
+#
+# Builds `iris`, starts a local cluster on a temp state dir, runs tests/compat/compat_test.py
+# with the venv's python, stops the cluster. Ends with `N passed, M failed`; exits non-zero on
+# any failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+
+VENV="${IRIS_COMPAT_VENV:-$ROOT/.venv-compat}"
+if [[ ! -x "$VENV/bin/iris" ]]; then
+    PY="${IRIS_COMPAT_PYTHON:-$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3}"
+    if [[ ! -x "$PY" ]]; then
+        PY="$(command -v python3.12 || true)"
+    fi
+    [[ -x "$PY" ]] || { echo "compat: no Python 3.12 found (set IRIS_COMPAT_PYTHON)" >&2; exit 2; }
+    echo "compat: creating $VENV with $PY" >&2
+    "$PY" -m venv "$VENV"
+    # `--pre` is needed for marin-iris's dev releases, but it also lets pip pick httpx's 1.0
+    # pre-releases, which dropped `httpx.Auth` and break `import iris.cli`; keep httpx < 1.
+    "$VENV/bin/pip" install -q --disable-pip-version-check --pre marin-iris \
+        "marin-finelog==0.2.71.dev40003900277" "httpx<1"
+fi
+
+cargo build -q -p iris-cli
+BIN="$ROOT/target/debug/iris"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/iris-compat.XXXXXX")"
+STATE="$WORK/state"
+LOG="$WORK/cluster.log"
+CLUSTER_PID=""
+cleanup() {
+    if [[ -n "$CLUSTER_PID" ]] && kill -0 "$CLUSTER_PID" 2>/dev/null; then
+        kill -INT "$CLUSTER_PID" 2>/dev/null || true
+        for _ in $(seq 50); do
+            kill -0 "$CLUSTER_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$CLUSTER_PID" 2>/dev/null || true
+        wait "$CLUSTER_PID" 2>/dev/null || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$BIN" cluster start --local --state-dir "$STATE" >"$LOG" 2>&1 &
+CLUSTER_PID=$!
+URL=""
+for _ in $(seq 300); do
+    if [[ -s "$STATE/controller.url" ]]; then
+        URL="$(tr -d '[:space:]' <"$STATE/controller.url")"
+        break
+    fi
+    if ! kill -0 "$CLUSTER_PID" 2>/dev/null; then
+        break
+    fi
+    sleep 0.1
+done
+if [[ -z "$URL" ]]; then
+    echo "compat: the local cluster did not start:" >&2
+    cat "$LOG" >&2
+    exit 1
+fi
+echo "compat: controller $URL (published CLI $VENV/bin/iris)"
+
+"$VENV/bin/python" "$ROOT/tests/compat/compat_test.py" --controller-url "$URL" --iris "$VENV/bin/iris" \
+    --cluster-log "$LOG" "$@"
