@@ -96,12 +96,23 @@ def wait_until(what, fn, timeout=60.0, interval=0.2):
 _CLIENT = None
 
 
+def quiet_client_logs():
+    """The in-process client logs at INFO (e.g. the log-server endpoint it resolved); keep the
+    step lines readable."""
+    import logging
+
+    for name in [*logging.root.manager.loggerDict, "finelog", "iris"]:
+        if name.split(".")[0] in ("finelog", "iris"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def client():
     """The published IrisClient; used to poll for preconditions (the CLI takes seconds to start)."""
     global _CLIENT
     if _CLIENT is None:
         from iris.client import IrisClient
 
+        quiet_client_logs()
         _CLIENT = IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE))
     return _CLIENT
 
@@ -322,7 +333,10 @@ def task_describe():
     assert state == "failed", r.describe()
     assert f"Task: {t}" in r.out and "exit=3" in r.out, r.describe()
     assert "Resources: " in r.out and "Attempts:" in r.out, r.describe()
-    assert re.search(r"^\s*0\s+[0-9a-f]{12}\s+failed\s+3\s", r.out, re.M), r.describe()
+    # REASON falls back to the attempt's error when the backend reports no terminal reason.
+    assert re.search(r"^\s*0\s+[0-9a-f]{12}\s+failed\s+3\s+\S+\s+Exit code: 3$", r.out, re.M), r.describe()
+    # Root cause: distilled from the failed task's last log lines.
+    assert re.search(r"^Root cause:\n  compat-before-exit$", r.out, re.M), r.describe()
     r = iris("task", "describe", f"{job_id('exit3')}/7")
     assert r.rc != 0 and "not found" in r.err.lower(), r.describe()
 
@@ -429,6 +443,7 @@ def python_client_submit_replicas_env_logs():
     from iris.client import IrisClient, JobState
     from iris.cluster.types import Entrypoint, EnvironmentSpec, ResourceSpec
 
+    quiet_client_logs()
     with IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE)) as client:
         job = client.submit(
             Entrypoint.from_command("sh", "-c", 'echo "compat-env=$COMPAT_VAR task=$IRIS_TASK_ID"'),
@@ -464,14 +479,14 @@ def main():
     p.add_argument("--controller-url", required=True)
     p.add_argument("--iris", required=True, help="the published iris CLI")
     p.add_argument("--cluster-log", help="printed (tail) when a step fails")
-    p.add_argument("-k", default="", help="run only steps whose name contains this")
+    p.add_argument("-k", default="", help="run only steps whose name contains one of these (comma-separated)")
     ARGS = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="iris-compat-ws-") as ws:
         WORKSPACE = ws
         Path(ws, "data.txt").write_text("compat-data-file-contents\n")
         passed = failed = 0
         for fn in STEPS:
-            if ARGS.k and ARGS.k not in fn.__name__:
+            if ARGS.k and not any(k and k in fn.__name__ for k in ARGS.k.split(",")):
                 continue
             t0 = time.monotonic()
             try:

@@ -13,6 +13,9 @@ pub enum BenchCmd {
     Submit(SubmitArgs),
     /// Median submit-to-succeeded latency of a trivial job on an idle local cluster.
     Latency(LatencyArgs),
+    /// Controller resident memory and `iris job list` latency, empty and with N queued jobs
+    /// (a separate `iris cluster controller serve` process, no workers).
+    Memory(crate::bench_memory::MemoryArgs),
 }
 
 #[derive(Args)]
@@ -29,7 +32,7 @@ pub struct LatencyArgs {
     jobs: usize,
 }
 
-fn request(name: String) -> c::LaunchJobRequest {
+pub(crate) fn request(name: String) -> c::LaunchJobRequest {
     c::LaunchJobRequest {
         name,
         entrypoint: Some(job::RuntimeEntrypoint {
@@ -51,6 +54,10 @@ fn request(name: String) -> c::LaunchJobRequest {
 }
 
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
+    let cmd = match cmd {
+        BenchCmd::Memory(a) => return crate::bench_memory::run(a).await,
+        other => other,
+    };
     let dir = tempdir()?;
     let mut cfg = iris_controller::ControllerConfig::local(dir.clone());
     cfg.revision_date = None;
@@ -59,13 +66,14 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     let result = match cmd {
         BenchCmd::Submit(a) => submit(&url, a).await,
         BenchCmd::Latency(a) => latency(&url, &dir, a).await,
+        BenchCmd::Memory(_) => unreachable!("handled above"),
     };
     ctl.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn tempdir() -> anyhow::Result<std::path::PathBuf> {
+pub(crate) fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     let mut b = [0u8; 6];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
     let d = std::env::temp_dir().join(format!("iris-bench-{}", hex::encode(b)));

@@ -20,7 +20,7 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub kubernetes_provider: Option<serde_yaml::Value>,
     #[serde(default)]
-    pub storage: Option<serde_yaml::Value>,
+    pub storage: Option<Storage>,
     #[serde(default)]
     pub auth: Option<serde_yaml::Value>,
     #[serde(default)]
@@ -31,6 +31,29 @@ pub struct ClusterConfig {
     pub peers: Option<serde_yaml::Value>,
     #[serde(default)]
     pub scale_groups: BTreeMap<String, ScaleGroup>,
+}
+
+/// `storage:` — where the controller keeps its state.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct Storage {
+    /// Local DB, logs and bundle cache (the controller's `--state-dir`).
+    #[serde(default)]
+    #[allow(dead_code)] // the state dir is always given on the command line here
+    pub local_state_dir: Option<String>,
+    /// Checkpoints and the rollout record: a local path or a file://, s3:// or gs:// URL.
+    #[serde(default)]
+    pub remote_state_dir: Option<String>,
+}
+
+impl ClusterConfig {
+    /// `storage.remote_state_dir`, if set and non-empty.
+    pub fn remote_state_dir(&self) -> Option<String> {
+        self.storage
+            .as_ref()
+            .and_then(|s| s.remote_state_dir.clone())
+            .filter(|s| !s.trim().is_empty())
+    }
 }
 
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -145,5 +168,15 @@ mod tests {
         let e = parse(bad, "x.yaml").expect_err("unknown key").to_string();
         assert!(e.contains("scale_groups.cpu.resources"), "{e}");
         assert!(e.contains("rams"), "{e}");
+    }
+
+    #[test]
+    fn storage_remote_state_dir() {
+        let c = parse("storage:\n  remote_state_dir: gs://b/iris\n", "x.yaml").expect("parses");
+        assert_eq!(c.remote_state_dir().as_deref(), Some("gs://b/iris"));
+        let c = parse("storage: {remote_state_dir: ''}\n", "x.yaml").expect("parses");
+        assert_eq!(c.remote_state_dir(), None);
+        let e = parse("storage: {remote_dir: x}\n", "x.yaml").expect_err("unknown");
+        assert!(e.to_string().contains("storage"), "{e}");
     }
 }

@@ -21,6 +21,9 @@ pub struct StartArgs {
     /// Controller port (0 = any free port).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
+    /// Dashboard port on 127.0.0.1 (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    pub dashboard_port: u16,
     /// Run a sample job to completion, print its output, then stop.
     #[arg(long)]
     pub sample: bool,
@@ -32,11 +35,30 @@ pub struct ServeArgs {
     pub state_dir: PathBuf,
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: std::net::SocketAddr,
+    /// Also serve the web dashboard on this address (e.g. 127.0.0.1:0). It has no login yet.
+    #[arg(long)]
+    pub dashboard_bind: Option<std::net::SocketAddr>,
     /// Seconds without a successful reconcile before a worker is declared failed.
     #[arg(long, default_value_t = 10.0)]
     pub worker_grace: f64,
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Checkpoints and the rollout record: a local path or a file://, s3:// or gs:// URL
+    /// (default: `storage.remote_state_dir` from --config; none: no checkpoints).
+    #[arg(long)]
+    pub remote_state_dir: Option<String>,
+    /// Take a checkpoint every N seconds (0 = only on request).
+    #[arg(long, default_value_t = 0.0)]
+    pub checkpoint_interval: f64,
+    /// Prune checkpoint directories older than N seconds (default 3 days).
+    #[arg(long, default_value_t = 3.0 * 24.0 * 3600.0)]
+    pub checkpoint_max_age: f64,
+    /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
+    #[arg(long)]
+    pub restore_checkpoint: Option<String>,
+    /// Time limit in seconds for one `iris query` (ExecuteRawQuery).
+    #[arg(long, default_value_t = 10.0)]
+    pub query_timeout: f64,
 }
 
 #[derive(Args)]
@@ -217,12 +239,17 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     ccfg.bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.port));
     ccfg.revision_date = revision_date();
     ccfg.groups = groups.iter().map(capacity).collect();
+    // Local mode rewrites any config for local use (as the reference does): checkpoints go next
+    // to the state dir, never to the config's cloud bucket.
+    ccfg.remote_state_dir = Some(state_dir.join("remote-state").display().to_string());
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
     std::fs::write(state_dir.join("controller.url"), &url)
         .context("recording the controller address")?;
     println!("Controller started at {url}");
     println!("State dir: {}", state_dir.display());
+    let dashboard_bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.dashboard_port));
+    let dashboard = start_dashboard(&url, dashboard_bind).await?;
     let mut workers = Vec::new();
     for g in &groups {
         for i in 0..g.count {
@@ -256,6 +283,7 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     for w in workers {
         w.shutdown().await;
     }
+    dashboard.shutdown().await;
     ctl.shutdown().await;
     let _ = std::fs::remove_file(state_dir.join("controller.url"));
     Ok(code)
@@ -306,18 +334,50 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     ccfg.bind = a.bind;
     ccfg.revision_date = revision_date();
     ccfg.worker_grace = Duration::from_secs_f64(a.worker_grace.max(0.1));
+    if !(a.query_timeout > 0.0 && a.query_timeout.is_finite()) {
+        anyhow::bail!("--query-timeout: must be a positive number of seconds");
+    }
+    ccfg.query_time_limit = Duration::from_secs_f64(a.query_timeout);
+    if a.checkpoint_interval < 0.0 || a.checkpoint_max_age < 0.0 {
+        anyhow::bail!("--checkpoint-interval and --checkpoint-max-age must not be negative");
+    }
+    ccfg.checkpoint_interval =
+        (a.checkpoint_interval > 0.0).then(|| Duration::from_secs_f64(a.checkpoint_interval));
+    ccfg.checkpoint_max_age = Duration::from_secs_f64(a.checkpoint_max_age);
+    ccfg.restore_checkpoint = a.restore_checkpoint.clone();
+    ccfg.remote_state_dir = a.remote_state_dir.clone();
     if let Some(p) = &a.config {
         let cfg = config::load(p)?;
         ccfg.groups = plan_groups(&cfg)?.iter().map(capacity).collect();
+        if ccfg.remote_state_dir.is_none() {
+            ccfg.remote_state_dir = cfg.remote_state_dir();
+        }
     }
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
     std::fs::write(a.state_dir.join("controller.url"), &url)
         .context("recording the controller address")?;
     println!("Controller started at {url}");
+    let dashboard = match a.dashboard_bind {
+        Some(bind) => Some(start_dashboard(&url, bind).await?),
+        None => None,
+    };
     shutdown_signal().await;
+    if let Some(d) = dashboard {
+        d.shutdown().await;
+    }
     ctl.shutdown().await;
     Ok(0)
+}
+
+/// Starts the web dashboard for the controller at `url` and prints its address.
+async fn start_dashboard(
+    url: &str,
+    bind: std::net::SocketAddr,
+) -> anyhow::Result<iris_dashboard::Shutdown> {
+    let (addr, handle) = iris_dashboard::serve(url.to_string(), bind).await?;
+    println!("Dashboard: http://{addr}/");
+    Ok(handle)
 }
 
 async fn shutdown_signal() {

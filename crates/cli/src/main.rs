@@ -1,9 +1,12 @@
 //! `iris`: the command-line interface, controller, worker and local cluster in one binary.
 
 mod bench;
+mod bench_memory;
 mod config;
+mod keys;
 mod local;
 mod output;
+mod rollout;
 mod workspace;
 
 use anyhow::{bail, Context};
@@ -128,6 +131,9 @@ struct RunArgs {
     timeout: i64,
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     max_retries: i64,
+    /// Reruns allowed after preemption or worker loss (0 = the first loss fails the job).
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true)]
+    max_retries_preemption: i64,
     /// Environment variable for the task: `-e KEY VALUE` (repeatable).
     #[arg(short = 'e', long = "env-vars", num_args = 2, value_names = ["KEY", "VALUE"], action = clap::ArgAction::Append)]
     env: Vec<String>,
@@ -223,6 +229,8 @@ enum ClusterCmd {
     Start(local::StartArgs),
     /// Show workers and job counts.
     Status,
+    /// Generate the cluster's Ed25519 signing key; prints `kid:` and the public PEM.
+    InitKeys(keys::InitKeysArgs),
     /// Controller daemon commands.
     #[command(subcommand)]
     Controller(ControllerCmd),
@@ -232,6 +240,12 @@ enum ClusterCmd {
 enum ControllerCmd {
     /// Serve a controller on a state dir.
     Serve(local::ServeArgs),
+    /// Write a checkpoint of the controller DB to its remote state dir now.
+    Checkpoint,
+    /// Checkpoint the controller and record a rollout (`pending`) in the remote state dir.
+    Restart(rollout::RestartArgs),
+    /// Ask the next controller start to restore the rollout's checkpoint (`rollback_requested`).
+    Rollback(rollout::RollbackArgs),
 }
 
 #[derive(Subcommand)]
@@ -244,6 +258,15 @@ enum WorkerCmd {
 enum UserCmd {
     #[command(subcommand)]
     Budget(BudgetCmd),
+    /// User tokens (for deployments without an identity-aware proxy).
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Mint a user token with the cluster's signing key.
+    Mint(keys::MintArgs),
 }
 
 #[derive(Subcommand)]
@@ -328,6 +351,15 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Serve(a))) => {
             local::serve_controller(a).await
         }
+        Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Checkpoint)) => {
+            rollout::checkpoint(&controller_client(&url)?).await
+        }
+        Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Restart(a))) => {
+            rollout::restart(a, &url).await
+        }
+        Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Rollback(a))) => {
+            rollout::rollback(a).await
+        }
         Cmd::Worker(WorkerCmd::Serve(a)) => local::serve_worker(a, url).await,
         Cmd::Cluster(ClusterCmd::Status) => {
             let cl = controller_client(&url)?;
@@ -371,6 +403,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             println!("{pretty}");
             Ok(if ok { 0 } else { 1 })
         }
+        Cmd::Cluster(ClusterCmd::InitKeys(a)) => keys::init_keys(a),
+        Cmd::User(UserCmd::Token(TokenCmd::Mint(a))) => keys::mint(a),
         Cmd::User(UserCmd::Budget(b)) => {
             let cl = controller_client(&url)?;
             match b {
@@ -488,6 +522,12 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     }
     if a.max_retries < 0 {
         bail!("--max-retries: must not be negative");
+    }
+    if !(0..=i32::MAX as i64).contains(&a.max_retries_preemption) {
+        bail!(
+            "--max-retries-preemption: must be between 0 and {}",
+            i32::MAX
+        );
     }
     let band = match &a.priority {
         Some(p) => iris_types::Band::parse(p)
@@ -623,7 +663,7 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         replicas: a.replicas as i32,
         max_retries_failure: a.max_retries as i32,
         max_task_failures: a.max_retries as i32,
-        max_retries_preemption: 1000,
+        max_retries_preemption: a.max_retries_preemption as i32,
         constraints,
         coscheduling,
         timeout: (a.timeout > 0).then_some(iris_proto::time::Duration {

@@ -6,6 +6,10 @@
 //! workers only learn intent from the committed desired set (see `reconcile`).
 
 mod accounts;
+pub mod auth;
+pub mod checkpoint;
+mod highlights;
+mod limits;
 mod reconcile;
 mod service;
 pub mod spec;
@@ -46,6 +50,15 @@ pub struct ControllerConfig {
     /// Query limits for `ExecuteRawQuery`.
     pub query_time_limit: Duration,
     pub query_max_rows: usize,
+    /// Where checkpoints and the rollout record live: a local path or a `file://`, `s3://` or
+    /// `gs://` URL. `None`: no checkpoints.
+    pub remote_state_dir: Option<String>,
+    /// Take a checkpoint this often (`None`: only on `BeginCheckpoint`).
+    pub checkpoint_interval: Option<Duration>,
+    /// Checkpoint directories older than this are pruned after each checkpoint.
+    pub checkpoint_max_age: Duration,
+    /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
+    pub restore_checkpoint: Option<String>,
 }
 
 impl ControllerConfig {
@@ -59,8 +72,22 @@ impl ControllerConfig {
             groups: Vec::new(),
             query_time_limit: Duration::from_secs(10),
             query_max_rows: 10_000,
+            remote_state_dir: None,
+            checkpoint_interval: None,
+            checkpoint_max_age: checkpoint::DEFAULT_MAX_AGE,
+            restore_checkpoint: None,
         }
     }
+}
+
+/// A validated submission waiting for group commit.
+pub(crate) struct Admission {
+    pub name: iris_types::JobName,
+    pub req: iris_proto::cluster::controller::LaunchJobRequest,
+    pub constraints: Vec<iris_scheduler::Constraint>,
+    pub user: String,
+    pub t: i64,
+    pub reply: tokio::sync::oneshot::Sender<Result<iris_proto::cluster::controller::LaunchJobResponse, RpcError>>,
 }
 
 /// Per-worker handle held by the controller.
@@ -84,6 +111,11 @@ pub struct Controller {
     generation: std::sync::atomic::AtomicU64,
     advertised: Mutex<String>,
     me: std::sync::Weak<Controller>,
+    /// The remote state dir for checkpoints, if configured.
+    remote: Option<checkpoint::RemoteStore>,
+    /// One checkpoint at a time.
+    checkpoint_lock: tokio::sync::Mutex<()>,
+    admissions: tokio::sync::mpsc::UnboundedSender<Admission>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -102,6 +134,10 @@ impl Controller {
         std::fs::create_dir_all(&cfg.state_dir)
             .with_context(|| format!("creating state dir {}", cfg.state_dir.display()))?;
         std::fs::create_dir_all(cfg.state_dir.join("bundles"))?;
+        let remote = match &cfg.remote_state_dir {
+            Some(r) => Some(checkpoint::RemoteStore::parse(r)?),
+            None => None,
+        };
         let db_path = cfg.state_dir.join("controller.sqlite3");
         let db =
             iris_store::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
@@ -110,7 +146,8 @@ impl Controller {
         let readonly =
             iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
         let snap = iris_store::open(&db_path).context("opening snapshot connection")?;
-        Ok(Arc::new_cyclic(|me| Controller {
+        let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
+        let ctl = Arc::new_cyclic(|me| Controller {
             cfg,
             db: Mutex::new(db),
             logs: Mutex::new(logs),
@@ -123,7 +160,32 @@ impl Controller {
             generation: std::sync::atomic::AtomicU64::new(0),
             advertised: Mutex::new(String::new()),
             me: me.clone(),
-        }))
+            remote,
+            checkpoint_lock: tokio::sync::Mutex::new(()),
+            admissions,
+        });
+        let weak = Arc::downgrade(&ctl);
+        // The admission batcher: a plain thread (SQLite is blocking). It ends when the controller
+        // is dropped, because the channel's only sender lives in the controller.
+        std::thread::Builder::new()
+            .name("iris-admit".into())
+            .spawn(move || {
+                while let Some(first) = admit_rx.blocking_recv() {
+                    let mut batch = vec![first];
+                    while batch.len() < 256 {
+                        match admit_rx.try_recv() {
+                            Ok(a) => batch.push(a),
+                            Err(_) => break,
+                        }
+                    }
+                    match weak.upgrade() {
+                        Some(c) => c.admit_batch(batch),
+                        None => return,
+                    }
+                }
+            })
+            .context("starting the admission thread")?;
+        Ok(ctl)
     }
 
     fn self_arc(&self) -> Option<Arc<Controller>> {
@@ -197,9 +259,16 @@ impl RunningController {
     }
 }
 
+/// The controller's HTTP routes (Connect services, blobs) with the request-size guard.
+pub fn router(ctl: Arc<Controller>) -> axum::Router {
+    limits::guard(service::router(ctl))
+}
+
 /// Opens the state dir, binds, and starts the server, the tick and reconcilers for known workers.
 pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     let bind = cfg.bind;
+    // Rollback requests and restores happen before the DB is opened.
+    let prepared = checkpoint::prepare(&cfg).await?;
     let ctl = Controller::open(cfg)?;
     let listener = tokio::net::TcpListener::bind(bind)
         .await
@@ -207,9 +276,17 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     let addr = listener.local_addr()?;
     *lock(&ctl.advertised) = format!("http://{addr}");
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let app = service::router(ctl.clone());
+    let app = router(ctl.clone());
     // Owned by RunningController: stops when the shutdown channel fires.
     tokio::spawn(tick::run(ctl.clone(), rx.clone()));
+    if let Some(every) = ctl.cfg.checkpoint_interval {
+        // Owned by RunningController: stops when the shutdown channel fires.
+        tokio::spawn(checkpoint::periodic(ctl.clone(), every, rx.clone()));
+    }
+    if let (Some(remote), Some(mut rec)) = (&prepared.remote, prepared.commit_rollout) {
+        rec.phase = checkpoint::RolloutPhase::Committed;
+        remote.write_rollout(&rec).await?;
+    }
     reconcile::start_known_workers(&ctl, rx.clone())?;
     let mut srx = rx.clone();
     let server = tokio::spawn(async move {

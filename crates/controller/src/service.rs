@@ -120,6 +120,7 @@ async fn dispatch(
             "GetCurrentUser" => call!(get_current_user),
             "ListUsers" => call!(list_users),
             "GetSchedulerState" => call!(get_scheduler_state),
+            "BeginCheckpoint" => call!(begin_checkpoint),
             _ => unimplemented(&service, m),
         },
         ("iris.cluster.EndpointService", "ListEndpoints") => call!(list_endpoints),
@@ -263,18 +264,106 @@ impl Controller {
                 req.bundle_id
             )));
         }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.admissions
+            .send(crate::Admission { name, req, constraints, user, t, reply })
+            .map_err(|_| RpcError::new(Code::Unavailable, "controller is shutting down"))?;
+        rx.await
+            .map_err(|_| RpcError::new(Code::Unavailable, "controller is shutting down"))?
+    }
+
+    /// Admits a batch of validated submissions in one transaction (group commit): each gets a
+    /// savepoint, so one refusal never affects another; all are acknowledged only after commit.
+    pub(crate) fn admit_batch(&self, batch: Vec<crate::Admission>) {
         let mut conn = self.db();
+        let workers = match self.feasibility_workers(&conn) {
+            Ok(w) => w,
+            Err(e) => {
+                drop(conn);
+                for a in batch {
+                    let _ = a.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let tx = match conn.transaction() {
+            Ok(tx) => tx,
+            Err(e) => {
+                let e = internal(e);
+                for a in batch {
+                    let _ = a.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let mut results = Vec::with_capacity(batch.len());
+        for a in batch {
+            if let Err(e) = tx.prepare_cached("SAVEPOINT admit").and_then(|mut st| st.execute([])) {
+                results.push((a.reply, Err(internal(e)), None));
+                continue;
+            }
+            let r = self.admit(&tx, a.name, a.req, &a.constraints, a.user, a.t, &workers);
+            let sp = if r.is_ok() {
+                tx.prepare_cached("RELEASE admit").and_then(|mut st| st.execute([]))
+            } else {
+                tx.prepare_cached("ROLLBACK TO admit")
+                    .and_then(|mut st| st.execute([]))
+                    .and_then(|_| tx.prepare_cached("RELEASE admit").and_then(|mut st| st.execute([])))
+            };
+            if let Err(e) = sp {
+                results.push((a.reply, Err(internal(e)), None));
+                continue;
+            }
+            match r {
+                Ok((resp, spec)) => results.push((a.reply, Ok(resp), spec)),
+                Err(e) => results.push((a.reply, Err(e), None)),
+            }
+        }
+        let committed = tx.commit().map_err(internal);
+        drop(conn);
+        let mut any = false;
+        for (reply, r, spec) in results {
+            let r = match (&committed, r) {
+                (Err(e), _) => Err(e.clone()),
+                (Ok(()), r) => r,
+            };
+            if r.is_ok() {
+                any = true;
+                if let Some((replaced, job_id, spec)) = spec {
+                    if replaced {
+                        self.forget_spec(&job_id);
+                    }
+                    lock(&self.specs).insert(job_id, spec);
+                }
+            }
+            let _ = reply.send(r);
+        }
+        if any {
+            self.wake();
+        }
+    }
+
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn admit(
+        &self,
+        conn: &iris_store::rusqlite::Connection,
+        name: JobName,
+        mut req: c::LaunchJobRequest,
+        constraints: &[iris_scheduler::Constraint],
+        user: String,
+        t: i64,
+        workers: &[iris_scheduler::Worker],
+    ) -> Result<(c::LaunchJobResponse, Option<(bool, String, Arc<JobSpec>)>), RpcError> {
+        let res = req.resources.clone().unwrap_or_default();
         // Band resolution and authorization.
         let parent = name.parent();
         let parent_band = match &parent {
             Some(p) => {
                 let row: Option<(i32, i32)> = conn
-                    .query_row(
+                    .prepare_cached(
                         "SELECT j.state, c.priority_band FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
-                        [p.as_str()],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
                     )
-                    .optional()
+                    .and_then(|mut st| st.query_row([p.as_str()], |r| Ok((r.get(0)?, r.get(1)?))).optional())
                     .map_err(internal)?;
                 match row {
                     None => {
@@ -300,12 +389,8 @@ impl Controller {
         };
         if parent.is_none() || parent_band.map(|pb| band.outranks(pb)).unwrap_or(true) {
             let max_band: i32 = conn
-                .query_row(
-                    "SELECT max_band FROM user_budgets WHERE user_id = ?1",
-                    [&user],
-                    |r| r.get(0),
-                )
-                .optional()
+                .prepare_cached("SELECT max_band FROM user_budgets WHERE user_id = ?1")
+                .and_then(|mut st| st.query_row([&user], |r| r.get(0)).optional())
                 .map_err(internal)?
                 .unwrap_or(Band::Interactive.code());
             let max_band = Band::from_code(max_band).unwrap_or(Band::Interactive);
@@ -320,7 +405,7 @@ impl Controller {
         }
         req.priority_band = band.code();
         // Feasibility.
-        self.check_feasible(&conn, &name, &req, &constraints)?;
+        self.check_feasible(workers, &name, &req, constraints)?;
         // Existing job policy.
         let existing = ops::job_state_of(&conn, name.as_str()).map_err(internal)?;
         if let Some(st) = existing {
@@ -328,9 +413,7 @@ impl Controller {
             let running = !st.is_terminal();
             let keep = policy == 2 && running;
             if keep {
-                return Ok(c::LaunchJobResponse {
-                    job_id: name.to_string(),
-                });
+                return Ok((c::LaunchJobResponse { job_id: name.to_string() }, None));
             }
             if policy == 1 || req.fail_if_exists || (running && policy != 3) {
                 return Err(RpcError::new(
@@ -397,11 +480,11 @@ impl Controller {
             cfg,
             workdir_files: Vec::new(),
         };
-        let tx = conn.transaction().map_err(internal)?;
+        let tx = conn;
         if existing.is_some() {
             if existing.map(|s| !s.is_terminal()).unwrap_or(false) {
                 ops::kill_subtree(
-                    &tx,
+                    tx,
                     name.as_str(),
                     "Replaced by a new submission",
                     "Parent job terminated",
@@ -409,29 +492,21 @@ impl Controller {
                 )
                 .map_err(internal)?;
             }
-            ops::delete_job(&tx, name.as_str()).map_err(internal)?;
+            ops::delete_job(tx, name.as_str()).map_err(internal)?;
         }
-        ops::insert_job(&tx, &new, t).map_err(internal)?;
-        tx.commit().map_err(internal)?;
-        drop(conn);
-        if existing.is_some() {
-            self.forget_spec(name.as_str());
-        }
+        ops::insert_job(tx, &new, t).map_err(internal)?;
         let spec = Arc::new(JobSpec::from_request(req, band, user, name.depth()));
-        lock(&self.specs).insert(name.to_string(), spec);
-        self.wake();
-        Ok(c::LaunchJobResponse {
-            job_id: name.to_string(),
-        })
+        Ok((
+            c::LaunchJobResponse { job_id: name.to_string() },
+            Some((existing.is_some(), name.to_string(), spec)),
+        ))
     }
 
-    fn check_feasible(
+    /// Workers (registered, plus declared scale groups) for the submit-time feasibility check.
+    fn feasibility_workers(
         &self,
         conn: &iris_store::rusqlite::Connection,
-        name: &JobName,
-        req: &c::LaunchJobRequest,
-        constraints: &[iris_scheduler::Constraint],
-    ) -> Result<(), RpcError> {
+    ) -> Result<Vec<iris_scheduler::Worker>, RpcError> {
         let mut workers = crate::tick::load_workers(conn).map_err(internal)?;
         for g in &self.cfg.groups {
             for i in 0..g.max_workers.max(1) {
@@ -440,6 +515,16 @@ impl Controller {
                 workers.push(w);
             }
         }
+        Ok(workers)
+    }
+
+    fn check_feasible(
+        &self,
+        workers: &[iris_scheduler::Worker],
+        name: &JobName,
+        req: &c::LaunchJobRequest,
+        constraints: &[iris_scheduler::Constraint],
+    ) -> Result<(), RpcError> {
         if workers.is_empty() {
             return Ok(());
         }
@@ -458,7 +543,7 @@ impl Controller {
             &all,
             group_by,
             req.replicas.max(1) as u32,
-            &workers,
+            workers,
         )
         .map_err(|why| RpcError::precondition(format!("Job {name} is unschedulable: {why}")))
     }
@@ -580,11 +665,50 @@ impl Controller {
         let job_resources = self
             .spec(&conn, job_id)?
             .and_then(|s| s.request.resources.clone());
+        drop(reasons);
+        drop(conn);
+        let failed = matches!(
+            TaskState::from_code(task.state),
+            Some(TaskState::Failed | TaskState::WorkerFailed)
+        );
+        let root_cause_highlights = if failed {
+            self.root_cause_highlights(&req.task_id)
+        } else {
+            Vec::new()
+        };
         Ok(c::GetTaskStatusResponse {
             task: Some(task),
             job_resources,
-            root_cause_highlights: Vec::new(),
+            root_cause_highlights,
         })
+    }
+
+    /// The lines of a failed task's recent logs most likely to name the failure; empty if the
+    /// logs cannot be read (the status is still worth returning).
+    fn root_cause_highlights(&self, task_id: &str) -> Vec<String> {
+        let q = iris_store::logs::FetchQuery {
+            source: format!("{task_id}:"),
+            scope: iris_store::logs::Scope::Prefix,
+            since_ms: 0,
+            cursor: 0,
+            until_cursor: 0,
+            substring: String::new(),
+            regex: String::new(),
+            max_lines: crate::highlights::LOG_TAIL,
+            tail: true,
+            min_level: 0,
+        };
+        let conn = lock(&self.logs);
+        match iris_store::logs::fetch(&conn, &q) {
+            Ok((lines, _)) => {
+                let data: Vec<String> = lines.into_iter().map(|l| l.data).collect();
+                crate::highlights::root_cause(&data)
+            }
+            Err(e) => {
+                tracing::warn!(task = task_id, error = %e, "reading logs for root-cause highlights");
+                Vec::new()
+            }
+        }
     }
 
     pub(crate) async fn list_tasks(
@@ -726,13 +850,22 @@ impl Controller {
         &self,
         req: query::RawQueryRequest,
     ) -> Result<query::RawQueryResponse, RpcError> {
-        let conn = lock(&self.readonly);
-        let r = iris_store::query::run_readonly(
-            &conn,
-            &req.sql,
-            self.cfg.query_time_limit,
-            self.cfg.query_max_rows,
-        )
+        // A query may run for its whole time limit: keep it off the async workers, so that
+        // even several runaway queries never stall RPCs, reconciles or the tick.
+        let me = self
+            .self_arc()
+            .ok_or_else(|| RpcError::new(Code::Unavailable, "controller is shutting down"))?;
+        let r = tokio::task::spawn_blocking(move || {
+            let conn = lock(&me.readonly);
+            iris_store::query::run_readonly(
+                &conn,
+                &req.sql,
+                me.cfg.query_time_limit,
+                me.cfg.query_max_rows,
+            )
+        })
+        .await
+        .map_err(internal)?
         .map_err(|e| match e {
             iris_store::query::QueryError::NotAllowed(m) => RpcError::invalid(m),
             iris_store::query::QueryError::Timeout(_) => {
@@ -880,7 +1013,8 @@ impl Controller {
                 "key: the log key (<task>:<attempt>) is required",
             ));
         }
-        let lines: Vec<(String, String, i64, i32)> = req
+        // A positive `seq` is the writer's own line number: retried pushes are stored once.
+        let lines: Vec<(String, String, i64, i32, Option<i64>)> = req
             .entries
             .into_iter()
             .map(|e| {
@@ -889,11 +1023,12 @@ impl Controller {
                     e.data,
                     e.timestamp.map(|t| t.epoch_ms).unwrap_or_else(now),
                     e.level,
+                    (e.seq > 0).then_some(e.seq),
                 )
             })
             .collect();
         let mut conn = lock(&self.logs);
-        iris_store::logs::append(&mut conn, &req.key, &lines).map_err(internal)?;
+        iris_store::logs::append_numbered(&mut conn, &req.key, &lines).map_err(internal)?;
         Ok(fl::PushLogsResponse {})
     }
 

@@ -174,7 +174,7 @@ pub(crate) fn list_jobs(
 fn attempts(conn: &Connection, task_id: &str) -> Result<Vec<job::TaskAttempt>, RpcError> {
     let mut st = conn
         .prepare_cached(
-            "SELECT attempt_id, worker_id, state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid, terminal_reason
+            "SELECT attempt_id, worker_id, state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid
              FROM task_attempts WHERE task_id = ?1 ORDER BY attempt_id",
         )
         .map_err(internal)?;
@@ -191,7 +191,11 @@ fn attempts(conn: &Connection, task_id: &str) -> Result<Vec<job::TaskAttempt>, R
                 finished_at: ts(r.get(6)?),
                 is_worker_failure: state == 7 || state == 10,
                 attempt_uid: r.get(7)?,
-                terminal_reason: r.get::<_, Option<String>>(8)?.unwrap_or_default(),
+                // The column holds the state machine's event reason (TaskFailed, TaskRetryScheduled,
+                // …; `task_events` has them too). On the wire `terminal_reason` is a backend's own
+                // failure cause (e.g. OOMKilled) and clients show it instead of `error`; our
+                // process workers report none, so it stays empty and clients show the error.
+                terminal_reason: String::new(),
                 ..Default::default()
             })
         })
@@ -451,10 +455,13 @@ pub(crate) fn user_counts(conn: &Connection) -> Result<Vec<UserCounts>, RpcError
     Ok(by_user.into_values().collect())
 }
 
-/// One PENDING task for `GetSchedulerState`: `(user, job, requested band, backend)`.
-pub(crate) fn pending_tasks(
-    conn: &Connection,
-) -> Result<Vec<(String, String, i32, String)>, RpcError> {
+/// A PENDING task for `GetSchedulerState`: `(user, job, requested band, backend)`.
+pub(crate) type PendingRow = (String, String, i32, String);
+/// A RUNNING task for `GetSchedulerState`: `(user, job, band it runs at, worker, backend)`.
+pub(crate) type RunningRow = (String, String, i32, String, String);
+
+/// Every PENDING task, by job and index.
+pub(crate) fn pending_tasks(conn: &Connection) -> Result<Vec<PendingRow>, RpcError> {
     let mut st = conn
         .prepare_cached(
             "SELECT j.user_id, t.job_id, c.priority_band, COALESCE(t.backend_id, '')
@@ -468,10 +475,8 @@ pub(crate) fn pending_tasks(
     rows.collect::<Result<_, _>>().map_err(internal)
 }
 
-/// One RUNNING task on a worker for `GetSchedulerState`: `(user, job, band it runs at, worker, backend)`.
-pub(crate) fn running_tasks(
-    conn: &Connection,
-) -> Result<Vec<(String, String, i32, String, String)>, RpcError> {
+/// Every RUNNING task on a worker, by job and index.
+pub(crate) fn running_tasks(conn: &Connection) -> Result<Vec<RunningRow>, RpcError> {
     let mut st = conn
         .prepare_cached(
             "SELECT j.user_id, t.job_id, t.priority_band, t.current_worker_id, COALESCE(t.backend_id, '')

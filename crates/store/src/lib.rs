@@ -94,17 +94,18 @@ pub fn migrate(conn: &Connection) -> Result<()> {
 /// Reads an integer from `meta`.
 pub fn meta_get(conn: &Connection, key: &str) -> Result<Option<i64>> {
     Ok(conn
-        .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+        .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
+        .query_row([key], |r| r.get(0))
         .optional()?)
 }
 
 /// Adds `n` to a `meta` counter and returns the first value of the reserved range.
 pub fn meta_reserve(conn: &Connection, key: &str, n: i64) -> Result<i64> {
     let cur = meta_get(conn, key)?.unwrap_or(0);
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-        params![key, cur + n],
-    )?;
+    )?
+    .execute(params![key, cur + n])?;
     Ok(cur)
 }
 

@@ -63,6 +63,17 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
         );
         CREATE INDEX IF NOT EXISTS idx_logs_key ON logs(key, seq);",
     )?;
+    // Writers may number their lines per key (`client_seq`), which makes a retried push of a
+    // batch that was stored but not acknowledged (e.g. across a controller crash) a no-op.
+    let has_client_seq = c
+        .prepare("SELECT 1 FROM pragma_table_info('logs') WHERE name = 'client_seq'")?
+        .exists([])?;
+    if !has_client_seq {
+        c.execute_batch("ALTER TABLE logs ADD COLUMN client_seq INTEGER")?;
+    }
+    c.execute_batch(
+        "CREATE UNIQUE INDEX IF NOT EXISTS idx_logs_client_seq ON logs(key, client_seq) WHERE client_seq IS NOT NULL",
+    )?;
     Ok(c)
 }
 
@@ -72,13 +83,28 @@ pub fn append(
     key: &str,
     lines: &[(String, String, i64, i32)],
 ) -> rusqlite::Result<()> {
+    let numbered: Vec<(String, String, i64, i32, Option<i64>)> = lines
+        .iter()
+        .map(|(s, d, t, l)| (s.clone(), d.clone(), *t, *l, None))
+        .collect();
+    append_numbered(conn, key, &numbered)
+}
+
+/// Appends `(source, data, epoch_ms, level, client_seq)` lines under `key` in one transaction.
+/// A line whose `client_seq` is already stored for `key` is skipped, so pushes can be retried.
+pub fn append_numbered(
+    conn: &mut Connection,
+    key: &str,
+    lines: &[(String, String, i64, i32, Option<i64>)],
+) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
         let mut st = tx.prepare_cached(
-            "INSERT INTO logs(key, source, data, epoch_ms, level) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO logs(key, source, data, epoch_ms, level, client_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT DO NOTHING",
         )?;
-        for (source, data, ts, level) in lines {
-            st.execute(params![key, source, data, ts, level])?;
+        for (source, data, ts, level, cseq) in lines {
+            st.execute(params![key, source, data, ts, level, cseq])?;
         }
     }
     tx.commit()
@@ -230,6 +256,32 @@ mod tests {
             tail: false,
             min_level: 0,
         }
+    }
+
+    #[test]
+    fn numbered_lines_are_stored_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = open(&dir.path().join("logs.sqlite3")).expect("open");
+        let batch = |from: i64, to: i64| -> Vec<(String, String, i64, i32, Option<i64>)> {
+            (from..=to)
+                .map(|i| ("stdout".into(), format!("l{i}"), i, LEVEL_INFO, Some(i)))
+                .collect()
+        };
+        append_numbered(&mut c, "/u/j/0:0", &batch(1, 3)).expect("push");
+        // A retried push of a stored batch, overlapping the next one.
+        append_numbered(&mut c, "/u/j/0:0", &batch(1, 5)).expect("retry");
+        append_numbered(&mut c, "/u/k/0:0", &batch(1, 1)).expect("other key");
+        append(
+            &mut c,
+            "/u/j/0:0",
+            &[("stdout".into(), "plain".into(), 9, LEVEL_INFO)],
+        )
+        .expect("plain");
+        let (got, _) = fetch(&c, &q("/u/j/0:0", Scope::Exact)).expect("fetch");
+        let data: Vec<&str> = got.iter().map(|l| l.data.as_str()).collect();
+        assert_eq!(data, ["l1", "l2", "l3", "l4", "l5", "plain"]);
+        drop(c);
+        open(&dir.path().join("logs.sqlite3")).expect("reopen keeps the column");
     }
 
     #[test]

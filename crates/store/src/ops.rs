@@ -57,8 +57,9 @@ fn code(s: TaskState) -> i32 {
 
 /// Inserts a job, its config and its tasks. Returns `submitted_at_ms` (strictly increasing).
 pub fn insert_job(tx: &Connection, j: &NewJob, now: i64) -> Result<i64> {
-    let last: Option<i64> =
-        tx.query_row("SELECT MAX(submitted_at_ms) FROM jobs", [], |r| r.get(0))?;
+    let last: Option<i64> = tx
+        .prepare_cached("SELECT MAX(submitted_at_ms) FROM jobs")?
+        .query_row([], |r| r.get(0))?;
     let submitted = now.max(last.map(|l| l + 1).unwrap_or(now));
     let root_submitted: i64 = match &j.parent_job_id {
         Some(p) => tx

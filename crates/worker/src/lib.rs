@@ -467,6 +467,8 @@ fn sanitize(s: &str) -> String {
 struct LogShipper {
     key: String,
     buf: Vec<fl::LogEntry>,
+    /// Lines are numbered per attempt (`LogEntry.seq`, from 1) so a retried push is stored once.
+    next_seq: i64,
 }
 
 impl LogShipper {
@@ -479,7 +481,11 @@ impl LogShipper {
             entries: std::mem::take(&mut self.buf),
             cluster: String::new(),
         };
-        for attempt in 0..5 {
+        // Keep trying through a controller restart (the terminal state is reported only after
+        // the logs are in), but not past the heartbeat timeout.
+        let give_up = Instant::now() + inner.cfg.heartbeat_timeout.max(Duration::from_secs(10));
+        let mut delay = Duration::from_millis(100);
+        for attempt in 0u32.. {
             match inner
                 .rpc
                 .call::<_, fl::PushLogsResponse>(
@@ -491,9 +497,17 @@ impl LogShipper {
                 .await
             {
                 Ok(_) => return,
+                Err(e)
+                    if Instant::now() < give_up
+                        && (e.code == iris_rpc::Code::Unavailable || attempt < 5) =>
+                {
+                    tracing::warn!(error = %e, attempt, "pushing logs failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, attempt, "pushing logs failed");
-                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                    tracing::error!(error = %e, attempt, key = %req.key, "dropping log lines");
+                    return;
                 }
             }
         }
@@ -560,6 +574,7 @@ async fn run_attempt(inner: Arc<Inner>, uid: String, run: job::RunTaskRequest) {
     let mut logs = LogShipper {
         key: key.clone(),
         buf: Vec::new(),
+        next_seq: 1,
     };
     let dir = inner.cfg.cache_dir.join("workdirs").join(format!(
         "{}_attempt_{}",
@@ -715,8 +730,9 @@ async fn execute(
                     attempt_id: run.attempt_id,
                     level: if is_err { 4 } else { 2 },
                     key: String::new(),
-                    seq: 0,
+                    seq: logs.next_seq,
                 });
+                logs.next_seq += 1;
                 if logs.buf.len() >= 500 || last_flush.elapsed() > Duration::from_millis(300) {
                     logs.flush(inner).await;
                     last_flush = Instant::now();

@@ -116,6 +116,8 @@ pub struct TestCluster {
     pub ws: PathBuf,
     pub url: String,
     controller: Proc,
+    /// Extra `cluster controller serve` arguments, used again on every restart.
+    controller_args: Vec<String>,
     workers: Vec<Proc>,
     next_worker: usize,
 }
@@ -188,6 +190,16 @@ impl TestCluster {
     /// Like [`TestCluster::start`], with a cluster YAML whose scale groups declare capacity for
     /// the submit-time feasibility check.
     pub fn start_with_config(workers: &[WorkerSpec], config_yaml: Option<&str>) -> TestCluster {
+        TestCluster::start_with_args(workers, config_yaml, &[])
+    }
+
+    /// Like [`TestCluster::start_with_config`], with extra `cluster controller serve` arguments
+    /// (kept for restarts).
+    pub fn start_with_args(
+        workers: &[WorkerSpec],
+        config_yaml: Option<&str>,
+        controller_args: &[&str],
+    ) -> TestCluster {
         let root = tempfile::Builder::new()
             .prefix("iris-it-")
             .tempdir()
@@ -207,6 +219,7 @@ impl TestCluster {
             std::fs::write(&p, y).expect("config");
             cmd.arg("--config").arg(p);
         }
+        cmd.args(controller_args);
         let child = cmd
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -221,6 +234,7 @@ impl TestCluster {
                 name: "controller".into(),
                 child,
             },
+            controller_args: controller_args.iter().map(|s| s.to_string()).collect(),
             workers: Vec::new(),
             next_worker: 0,
         };
@@ -251,6 +265,28 @@ impl TestCluster {
     /// waits until it answers and every running worker is healthy again.
     pub fn restart_controller(&mut self) {
         stop(&mut self.controller);
+        self.start_controller_again();
+    }
+
+    /// `kill -9` the controller (no chance to flush or shut down).
+    pub fn kill_controller(&mut self) {
+        let _ = self.controller.child.kill();
+        let _ = self.controller.child.wait();
+    }
+
+    /// The controller's pid.
+    pub fn controller_pid(&self) -> u32 {
+        self.controller.child.id()
+    }
+
+    /// Replaces the extra `serve` arguments used by the next (re)start.
+    pub fn set_controller_args(&mut self, args: &[&str]) {
+        self.controller_args = args.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// Starts the (stopped or killed) controller again on the same state dir and address; waits
+    /// until it answers and every running worker is healthy again.
+    pub fn start_controller_again(&mut self) {
         let addr = self.url.trim_start_matches("http://").to_string();
         let log = std::fs::OpenOptions::new()
             .append(true)
@@ -260,6 +296,7 @@ impl TestCluster {
             .args(["cluster", "controller", "serve", "--state-dir"])
             .arg(&self.state_dir)
             .args(["--bind", &addr, "--worker-grace", "2"])
+            .args(&self.controller_args)
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()

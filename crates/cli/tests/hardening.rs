@@ -1,0 +1,429 @@
+//! Hardened input: a committed corpus of malformed requests replayed against a running
+//! controller over HTTP, and the read-only query limits through `iris query`.
+//!
+//! The corpus lives in `tests/fixtures/malformed/` (`cases.json` names each request's path,
+//! headers, body file and expected Connect code). Regenerate the binary bodies with
+//! `cargo test -p iris-cli --test hardening -- --ignored regenerate_malformed_corpus`.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn epoch_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+fn corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/malformed")
+}
+
+/// One HTTP/1.1 exchange over a fresh connection. `body` is sent as is (with a Content-Length,
+/// unless `headers` says otherwise). The response is read concurrently with sending, so a
+/// server that answers before reading the whole body is observed.
+fn exchange(
+    url: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: Body,
+) -> Result<(u16, String, Vec<u8>), String> {
+    let hostport = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let s = std::net::TcpStream::connect(&hostport).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| e.to_string())?;
+    let mut head = format!("POST {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        match body {
+            Body::Bytes(b) => {
+                head.push_str(&format!("Content-Length: {}\r\n\r\n", b.len()));
+                w.write_all(head.as_bytes())?;
+                w.write_all(&b)
+            }
+            Body::Announce { length, send } => {
+                head.push_str(&format!("Content-Length: {length}\r\n\r\n"));
+                w.write_all(head.as_bytes())?;
+                w.write_all(&vec![0u8; send])
+            }
+            Body::Chunked { total } => {
+                head.push_str("Transfer-Encoding: chunked\r\n\r\n");
+                w.write_all(head.as_bytes())?;
+                let chunk = vec![b'x'; 1 << 20];
+                let mut sent = 0;
+                while sent < total {
+                    w.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())?;
+                    w.write_all(&chunk)?;
+                    w.write_all(b"\r\n")?;
+                    sent += chunk.len();
+                }
+                w.write_all(b"0\r\n\r\n")
+            }
+        }
+    });
+    let mut r = s;
+    let mut resp = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => resp.extend_from_slice(&buf[..n]),
+            Err(e) if resp.is_empty() => return Err(format!("read: {e}")),
+            Err(_) => break, // reset after the response: the server stopped reading the body
+        }
+        if let Some(done) = complete(&resp) {
+            resp.truncate(done);
+            break;
+        }
+    }
+    let _ = r.shutdown(std::net::Shutdown::Both);
+    let _ = writer.join();
+    let text_end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP response: {:?}", String::from_utf8_lossy(&resp)))?;
+    let head = String::from_utf8_lossy(&resp[..text_end]).into_owned();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, head, resp[text_end + 4..].to_vec()))
+}
+
+/// The length of a complete response with a Content-Length, once it has all arrived.
+fn complete(resp: &[u8]) -> Option<usize> {
+    let end = resp.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&resp[..end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (resp.len() >= end + len).then_some(end + len)
+}
+
+enum Body {
+    Bytes(Vec<u8>),
+    /// Announce `length` bytes in Content-Length but send only `send`.
+    Announce {
+        length: u64,
+        send: usize,
+    },
+    /// Stream `total` bytes chunked (no length up front).
+    Chunked {
+        total: usize,
+    },
+}
+
+const CODES: &[&str] = &[
+    "canceled",
+    "unknown",
+    "invalid_argument",
+    "deadline_exceeded",
+    "not_found",
+    "already_exists",
+    "permission_denied",
+    "resource_exhausted",
+    "failed_precondition",
+    "aborted",
+    "out_of_range",
+    "unimplemented",
+    "internal",
+    "unavailable",
+    "data_loss",
+    "unauthenticated",
+];
+
+fn healthy(url: &str) -> bool {
+    let hostport = url.trim_start_matches("http://");
+    let Ok(mut s) = std::net::TcpStream::connect(hostport) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let req = format!("GET /health HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.starts_with("HTTP/1.1 200")
+}
+
+#[test]
+fn malformed_requests_get_connect_errors_and_the_controller_stays_up() {
+    let c = TestCluster::start(&[WorkerSpec::cpu(4)]);
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(corpus_dir().join("cases.json")).expect("cases.json"),
+    )
+    .expect("manifest JSON");
+    let cases = manifest.as_array().expect("a list of cases");
+    assert!(cases.len() >= 20, "the corpus has {} cases", cases.len());
+    let pid = c.controller_pid();
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let path = case["path"]
+            .as_str()
+            .unwrap_or("/iris.cluster.ControllerService/LaunchJob");
+        let mut headers = Vec::new();
+        if let Some(ct) = case["content_type"].as_str() {
+            headers.push(("Content-Type".to_string(), ct.to_string()));
+        }
+        if let Some(ce) = case["content_encoding"].as_str() {
+            headers.push(("Content-Encoding".to_string(), ce.to_string()));
+        }
+        let body = match (case["body"].as_str(), case["transport"].as_str()) {
+            (Some(f), None) => Body::Bytes(
+                std::fs::read(corpus_dir().join(f)).unwrap_or_else(|e| panic!("{name}: {f}: {e}")),
+            ),
+            (None, Some("announce-oversized")) => Body::Announce {
+                length: 1 << 30,
+                send: 4096,
+            },
+            (None, Some("chunked-oversized")) => Body::Chunked {
+                total: (64 << 20) + (2 << 20),
+            },
+            other => panic!("{name}: bad case {other:?}"),
+        };
+        let t = Instant::now();
+        let (status, head, body) = exchange(&c.url, path, &headers, body)
+            .unwrap_or_else(|e| panic!("{name}: no response: {e}"));
+        let took = t.elapsed();
+        assert_ne!(status, 200, "{name}: accepted");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{name}: not a Connect JSON error: {head}"
+        );
+        let v: Value = serde_json::from_slice(&body).unwrap_or_else(|e| {
+            panic!(
+                "{name}: error body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&body)
+            )
+        });
+        let code = v["code"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no code: {v}"));
+        assert!(CODES.contains(&code), "{name}: unknown code {code}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{name}: no message: {v}"
+        );
+        if let Some(want) = case["expect_code"].as_str() {
+            assert_eq!(code, want, "{name}: {v}");
+        }
+        if let Some(want) = case["expect_message"].as_str() {
+            let msg = v["message"].as_str().unwrap_or("");
+            assert!(msg.contains(want), "{name}: message {msg:?} lacks {want:?}");
+        }
+        if case["transport"] == "announce-oversized" {
+            assert!(took < Duration::from_secs(5), "{name}: took {took:?}");
+        }
+        assert!(alive(pid), "{name}: the controller died");
+        assert!(healthy(&c.url), "{name}: the controller stopped answering");
+    }
+    // Nothing was admitted, and the controller still runs jobs.
+    assert_eq!(c.job_count(), 0);
+    c.submit("after", &[], &["true"]);
+    c.wait_job("/u/after", "succeeded");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read-only query limits
+
+#[test]
+fn query_refuses_writes_and_stops_runaway_queries_while_jobs_run() {
+    let c = TestCluster::start_with_args(&[WorkerSpec::cpu(4)], None, &["--query-timeout", "1"]);
+    c.submit("seed", &[], &["true"]);
+    c.wait_job("/u/seed", "succeeded");
+    for sql in [
+        "DELETE FROM jobs",
+        "UPDATE jobs SET state = 6",
+        "INSERT INTO meta(key, value) VALUES ('x', 1)",
+        "DROP TABLE jobs",
+        "ATTACH DATABASE '/tmp/iris-attack.db' AS x",
+        "PRAGMA writable_schema=1",
+        "SELECT 1; DELETE FROM jobs",
+        "WITH x AS (SELECT 1) DELETE FROM jobs",
+        "/* comment */ DELETE FROM jobs",
+    ] {
+        let o = c.iris(&["query", sql]);
+        let err = o.err();
+        assert!(
+            err.contains("only") && err.contains("(invalid_argument)"),
+            "{sql}: {err}"
+        );
+    }
+    assert_eq!(c.job_count(), 1, "nothing was deleted");
+    assert_eq!(
+        c.query_i64("SELECT state FROM jobs WHERE job_id = '/u/seed'"),
+        4
+    );
+    assert!(!std::path::Path::new("/tmp/iris-attack.db").exists());
+
+    // Two runaway recursive CTEs at once; the controller keeps admitting and scheduling.
+    let runaway =
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r";
+    let t = Instant::now();
+    let mut q1 = c.spawn_iris(&["query", runaway]);
+    let mut q2 = c.spawn_iris(&["query", runaway]);
+    std::thread::sleep(Duration::from_millis(200));
+    c.submit("during", &[], &["echo", "during"]);
+    let submitted = t.elapsed();
+    let s1 = q1.wait().expect("query 1");
+    let s2 = q2.wait().expect("query 2");
+    let queries_done = t.elapsed();
+    let queries_done_ms = epoch_ms();
+    let mut e1 = String::new();
+    q1.stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut e1)
+        .expect("read");
+    let mut e2 = String::new();
+    q2.stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut e2)
+        .expect("read");
+    assert!(!s1.success() && !s2.success());
+    for e in [&e1, &e2] {
+        assert!(
+            e.contains("time limit") && e.contains("deadline_exceeded"),
+            "{e}"
+        );
+    }
+    // One read connection serves queries in turn: two 1 s queries end within ~2 s, far from
+    // running forever.
+    assert!(
+        queries_done >= Duration::from_millis(900),
+        "{queries_done:?}"
+    );
+    assert!(queries_done < Duration::from_secs(6), "{queries_done:?}");
+    c.wait_job("/u/during", "succeeded");
+    let assigned = c.attempts("/u/during/0")[0]["created_at_ms"]
+        .as_i64()
+        .expect("created_at_ms");
+    eprintln!(
+        "submitted after {submitted:?}; assigned {} ms before the runaway queries stopped at {queries_done:?}",
+        queries_done_ms - assigned
+    );
+    assert!(submitted < queries_done, "admission waited for the queries");
+    assert!(
+        assigned < queries_done_ms,
+        "the job was scheduled only after the queries stopped"
+    );
+    // Still answering queries.
+    assert_eq!(c.job_count(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Corpus generation (run once; the output is committed)
+
+#[test]
+#[ignore]
+fn regenerate_malformed_corpus() {
+    use iris_proto::cluster::controller as cc;
+    use iris_proto::job;
+    use prost::Message;
+    let dir = corpus_dir();
+    std::fs::create_dir_all(&dir).expect("dir");
+    let w = |name: &str, data: &[u8]| std::fs::write(dir.join(name), data).expect("write");
+    let valid = cc::LaunchJobRequest {
+        name: "/u/fuzzed".into(),
+        entrypoint: Some(job::RuntimeEntrypoint {
+            run_command: Some(job::CommandEntrypoint {
+                argv: vec!["echo".into(), "hello".into()],
+            }),
+            ..Default::default()
+        }),
+        resources: Some(job::ResourceSpecProto {
+            cpu_millicores: 100,
+            memory_bytes: 1 << 30,
+            disk_bytes: 1 << 30,
+            device: None,
+        }),
+        replicas: 1,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    w("truncated-launch.pb", &valid[..valid.len() / 2]);
+    w("wrong-wire-type.pb", &[0x0d, 1, 2, 3, 4, 0x08, 0x01]); // name (field 1) as fixed32
+    w("invalid-utf8-name.pb", &[0x0a, 0x03, 0xff, 0xfe, 0xfd]);
+    w(
+        "huge-length-prefix.pb",
+        &[0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, b'a', b'b'],
+    );
+    w(
+        "varint-overflow.pb",
+        &[
+            0x58, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01,
+        ],
+    );
+    w("field-number-zero.pb", &[0x00, 0x01]);
+    w("group-wire-type.pb", &[0x0b, 0x0a, 0x01, b'x']); // start-group without an end
+    let zeros = vec![0u8; 100 << 20];
+    w(
+        "zstd-bomb.zst",
+        &zstd::encode_all(zeros.as_slice(), 19).expect("zstd"),
+    );
+    {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&zeros).expect("gzip");
+        w("gzip-bomb.gz", &gz.finish().expect("gzip"));
+    }
+    w(
+        "zstd-garbage.zst",
+        b"\x28\xb5\x2f\xfd this is not a zstd frame",
+    );
+    w("gzip-garbage.gz", b"\x1f\x8b\x08\x00 this is not gzip");
+    w("truncated-json.json", br#"{"name": "/u/x", "replicas": "#);
+    w(
+        "json-wrong-type.json",
+        br#"{"name": "/u/x", "replicas": "many"}"#,
+    );
+    w("json-invalid-utf8.json", b"{\"name\": \"/u/\xff\xfe\"}");
+    w(
+        "json-huge-number.json",
+        br#"{"name": "/u/x", "replicas": 1e999}"#,
+    );
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    w("json-deep-nesting.json", deep.as_bytes());
+    w("json-not-an-object.json", b"[1, 2, 3]");
+    w("plain-text.txt", b"hello controller");
+    w(
+        "empty-name.json",
+        br#"{"name": "", "entrypoint": {"runCommand": {"argv": ["true"]}}}"#,
+    );
+    w(
+        "one-component-name.json",
+        br#"{"name": "/onlyuser", "entrypoint": {"runCommand": {"argv": ["true"]}}}"#,
+    );
+    w(
+        "negative-cpu.json",
+        br#"{"name": "/u/neg", "entrypoint": {"runCommand": {"argv": ["true"]}}, "resources": {"cpuMillicores": -5}}"#,
+    );
+    w(
+        "too-many-replicas.json",
+        br#"{"name": "/u/many", "entrypoint": {"runCommand": {"argv": ["true"]}}, "replicas": 2147483647}"#,
+    );
+    w("no-command.json", br#"{"name": "/u/nocmd"}"#);
+    w(
+        "bad-regex.json",
+        br#"{"source": "/u/", "matchScope": 3, "regex": "(["}"#,
+    );
+    w("write-query.json", br#"{"sql": "DELETE FROM jobs"}"#);
+    w("empty.json", b"{}");
+}

@@ -1,0 +1,639 @@
+//! "Nothing is lost": crash recovery, worker loss, checkpoints and the migration guard, over the
+//! real `iris` binary (controller and workers as separate processes on 127.0.0.1).
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const SVC: &str = "/iris.cluster.ControllerService";
+
+/// A raw HTTP/1.1 JSON POST that reports failure instead of panicking (the controller may be
+/// dead). Returns the status and body.
+fn try_post(url: &str, path: &str, body: &str) -> Result<(u16, String), String> {
+    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(hostport).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())
+        .map_err(|e| format!("send: {e}"))?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).map_err(|e| format!("read: {e}"))?;
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("no HTTP status in {resp:?}"))?;
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+fn launch_body(name: &str, script: &str, extra: Value) -> String {
+    let mut v = json!({
+        "name": name,
+        "entrypoint": {"runCommand": {"argv": ["sh", "-c", script]}},
+        "resources": {"cpuMillicores": 100, "memoryBytes": "67108864", "diskBytes": "1048576"},
+        "replicas": 1,
+        "maxRetriesPreemption": 1000,
+    });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, x) in e {
+            o.insert(k.clone(), x.clone());
+        }
+    }
+    v.to_string()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Quick,
+    Sleeping,
+    Failing,
+}
+
+impl Kind {
+    fn of(i: usize) -> Kind {
+        match i % 3 {
+            0 => Kind::Quick,
+            1 => Kind::Sleeping,
+            _ => Kind::Failing,
+        }
+    }
+    /// Every job echoes its own name first, so its log can be checked.
+    fn script(self, name: &str) -> String {
+        match self {
+            Kind::Quick => format!("echo {name}"),
+            Kind::Sleeping => format!("echo {name}; sleep 1"),
+            Kind::Failing => format!("echo {name}; exit 2"),
+        }
+    }
+    fn expected_state(self) -> i64 {
+        match self {
+            Kind::Quick | Kind::Sleeping => 4,
+            Kind::Failing => 5,
+        }
+    }
+}
+
+/// FetchLogs over HTTP: every stored line under `prefix` as (key, data).
+fn all_logs(url: &str, prefix: &str) -> Vec<(String, String)> {
+    let body = json!({"source": prefix, "matchScope": 2, "maxLines": 100000}).to_string();
+    let (st, text) = try_post(url, "/finelog.logging.LogService/FetchLogs", &body).expect("fetch");
+    assert_eq!(st, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("logs JSON");
+    v["entries"]
+        .as_array()
+        .map(|es| {
+            es.iter()
+                .map(|e| {
+                    (
+                        e["key"].as_str().unwrap_or("").to_string(),
+                        e["data"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Crash safety
+
+#[test]
+fn kill_9_of_the_controller_mid_submission_loses_nothing() {
+    const JOBS: usize = 1000;
+    const THREADS: usize = 4;
+    let started = Instant::now();
+    let mut c = TestCluster::start(&[WorkerSpec::cpu(16), WorkerSpec::cpu(16)]);
+    let url = c.url.clone();
+    let acked: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let uncertain: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let n_acked = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for t in 0..THREADS {
+        let (url, acked, uncertain, n_acked) = (
+            url.clone(),
+            acked.clone(),
+            uncertain.clone(),
+            n_acked.clone(),
+        );
+        handles.push(std::thread::spawn(move || {
+            for i in (t..JOBS).step_by(THREADS) {
+                let name = format!("/u/crash-{i:04}");
+                let body = launch_body(&name, &Kind::of(i).script(&name), json!({}));
+                match try_post(&url, &format!("{SVC}/LaunchJob"), &body) {
+                    Ok((200, _)) => {
+                        acked.lock().expect("lock").push(i);
+                        n_acked.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok((st, b)) if st != 503 => panic!("LaunchJob {name}: HTTP {st}: {b}"),
+                    _ => {
+                        // Not acknowledged: it may or may not exist. Wait for the controller.
+                        uncertain.lock().expect("lock").push(i);
+                        let deadline = Instant::now() + Duration::from_secs(30);
+                        while Instant::now() < deadline
+                            && try_post(&url, &format!("{SVC}/ListWorkers"), "{}").is_err()
+                        {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    wait_until(SHORT, "400 submissions acknowledged", || {
+        n_acked.load(Ordering::SeqCst) >= 400
+    });
+    c.kill_controller();
+    let killed_after = n_acked.load(Ordering::SeqCst);
+    // Jobs keep running on the workers meanwhile; their results wait for the new controller.
+    std::thread::sleep(Duration::from_millis(300));
+    c.start_controller_again();
+    for h in handles {
+        h.join().expect("submitter");
+    }
+    let acked: BTreeSet<usize> = acked.lock().expect("lock").iter().copied().collect();
+    let uncertain: BTreeSet<usize> = uncertain.lock().expect("lock").iter().copied().collect();
+    eprintln!(
+        "acked {} ({} before the kill), uncertain {:?}",
+        acked.len(),
+        killed_after,
+        uncertain
+    );
+    assert!(
+        killed_after < JOBS && acked.len() > killed_after,
+        "the kill happened mid-stream"
+    );
+
+    wait_until(
+        Duration::from_secs(60),
+        "every job terminal and every attempt confirmed",
+        || {
+            c.query_i64(
+                "SELECT (SELECT count(*) FROM jobs WHERE state NOT IN (4,5,6,7,8)) + \
+                 (SELECT count(*) FROM task_attempts WHERE finished_at_ms IS NULL) AS n",
+            ) == 0
+        },
+    );
+    let states: BTreeMap<String, i64> = c
+        .query("SELECT job_id, state FROM jobs")
+        .into_iter()
+        .map(|r| {
+            (
+                r["job_id"].as_str().expect("id").to_string(),
+                r["state"].as_i64().expect("state"),
+            )
+        })
+        .collect();
+    // Every acknowledged job is there, and every job (acknowledged or not) ended correctly.
+    for i in &acked {
+        let name = format!("/u/crash-{i:04}");
+        assert!(
+            states.contains_key(&name),
+            "acknowledged job {name} is lost"
+        );
+    }
+    for (name, st) in &states {
+        let i: usize = name["/u/crash-".len()..].parse().expect("index");
+        assert!(
+            acked.contains(&i) || uncertain.contains(&i),
+            "{name} was never submitted"
+        );
+        assert_eq!(
+            *st,
+            Kind::of(i).expected_state(),
+            "{name} ended in state {st}"
+        );
+    }
+    // No attempt ran twice concurrently: one attempt per task, none left open, and no two
+    // attempts of a task with overlapping [started, finished].
+    let multi = c.query(
+        "SELECT task_id, count(*) AS n FROM task_attempts GROUP BY task_id HAVING count(*) > 1",
+    );
+    assert!(multi.is_empty(), "tasks with several attempts: {multi:?}");
+    let overlapping = c.query_i64(
+        "SELECT count(*) AS n FROM task_attempts a JOIN task_attempts b
+           ON a.task_id = b.task_id AND a.attempt_id < b.attempt_id
+         WHERE b.started_at_ms IS NOT NULL AND (a.finished_at_ms IS NULL OR b.started_at_ms < a.finished_at_ms)",
+    );
+    assert_eq!(overlapping, 0);
+    let bad_attempts = c.query(
+        "SELECT a.task_id, a.state, t.state AS task_state FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+         WHERE a.state != t.state OR a.started_at_ms IS NULL OR a.finished_at_ms < a.started_at_ms",
+    );
+    assert!(bad_attempts.is_empty(), "{bad_attempts:?}");
+    // Logs of finished attempts are intact: each job's name exactly once, from attempt 0.
+    let mut seen: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for (key, data) in all_logs(&c.url, "/u/crash-") {
+        let job = key
+            .split_once("/0:")
+            .map(|x| x.0.to_string())
+            .unwrap_or(key.clone());
+        seen.entry(job).or_default().push((key, data));
+    }
+    for name in states.keys() {
+        let lines = seen.get(name).cloned().unwrap_or_default();
+        assert_eq!(
+            lines,
+            vec![(format!("{name}/0:0"), name.clone())],
+            "logs of {name}"
+        );
+    }
+    // And through the CLI, for a sample.
+    for name in states.keys().step_by(97) {
+        assert_eq!(
+            log_lines(c.iris(&["job", "logs", name]).ok()),
+            vec![name.clone()]
+        );
+    }
+    // The restarted controller still schedules.
+    c.submit("after", &[], &["true"]);
+    c.wait_job("/u/after", "succeeded");
+    eprintln!(
+        "crash test: {} jobs in {:.1}s",
+        states.len(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Worker loss
+
+/// A task script that records its pid, then blocks until `$GO` exists.
+const BLOCK: &str = "echo $$ >> \"$PIDFILE\"; while [ ! -e \"$GO\" ]; do sleep 0.05; done; echo \"done $IRIS_TASK_ID\"";
+
+fn kill_pids(pids: &[u32]) {
+    for p in pids {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &p.to_string()])
+            .status();
+    }
+}
+
+/// Submits a 2-replica blocking job on w0 alone, adds w1, and `kill -9`s w0.
+fn two_replicas_then_kill_w0(c: &mut TestCluster, job: &str, flags: &[&str]) -> Vec<u32> {
+    let pidfile = c.path(&format!("{job}.pids"));
+    let go = c.path(&format!("{job}.go"));
+    let mut f = vec![
+        "--replicas",
+        "2",
+        "-e",
+        "PIDFILE",
+        pidfile.to_str().expect("utf8"),
+        "-e",
+        "GO",
+        go.to_str().expect("utf8"),
+    ];
+    f.extend_from_slice(flags);
+    c.submit(job, &f, &["sh", "-c", BLOCK]);
+    let s = c.wait_tasks(&format!("/u/{job}"), &[(0, "running"), (1, "running")]);
+    for t in s["tasks"].as_array().expect("tasks") {
+        assert_eq!(t["worker_id"], "w0", "{s}");
+    }
+    let orphans = wait_for(SHORT, "both tasks to record their pids", || {
+        let p = read_pids(&pidfile);
+        (p.len() == 2).then_some(p)
+    });
+    c.add_worker(&WorkerSpec::cpu(16));
+    c.kill_worker("w0");
+    orphans
+}
+
+#[test]
+fn worker_loss_reruns_both_replicas_elsewhere_and_the_job_succeeds() {
+    let mut c = TestCluster::start(&[WorkerSpec::cpu(16)]);
+    let orphans = two_replicas_then_kill_w0(&mut c, "wl", &[]);
+    // The reruns on w1 block too: release them once both run there.
+    let s = c.wait_tasks("/u/wl", &[(0, "running"), (1, "running")]);
+    wait_until(SHORT, "both tasks rerun on w1", || {
+        let s = c.summary("/u/wl");
+        s["tasks"].as_array().is_some_and(|ts| {
+            ts.iter()
+                .all(|t| t["worker_id"] == "w1" && t["state"] == "running")
+        })
+    });
+    let _ = s;
+    kill_pids(&orphans);
+    std::fs::write(c.path("wl.go"), "go").expect("go");
+    let s = c.wait_job("/u/wl", "succeeded");
+    assert_eq!(s["preemption_count"], 2, "{s}");
+    assert_eq!(s["failure_count"], 0, "{s}");
+    for t in 0..2 {
+        let a = c.attempts(&format!("/u/wl/{t}"));
+        assert_eq!(a.len(), 2, "{a:?}");
+        assert_eq!(
+            (a[0]["worker_id"].clone(), a[0]["state"].clone()),
+            (json!("w0"), json!(7))
+        );
+        assert_eq!(
+            (a[1]["worker_id"].clone(), a[1]["state"].clone()),
+            (json!("w1"), json!(4))
+        );
+        assert_eq!(
+            log_lines(c.iris(&["task", "logs", &format!("/u/wl/{t}")]).ok()),
+            vec![format!("done /u/wl/{t}:1")]
+        );
+    }
+}
+
+#[test]
+fn worker_loss_with_preemption_budget_0_fails_the_job_worker_failed() {
+    let mut c = TestCluster::start(&[WorkerSpec::cpu(16)]);
+    let orphans = two_replicas_then_kill_w0(&mut c, "wl0", &["--max-retries-preemption", "0"]);
+    let s = c.wait_job("/u/wl0", "worker_failed");
+    kill_pids(&orphans);
+    let rows =
+        c.query("SELECT max_retries_preemption AS m FROM job_config WHERE job_id = '/u/wl0'");
+    assert_eq!(rows, vec![json!({"m": 0})]);
+    for t in 0..2 {
+        let a = c.attempts(&format!("/u/wl0/{t}"));
+        assert_eq!(a.len(), 1, "no rerun with budget 0: {a:?}");
+        assert_eq!(a[0]["state"], 7, "{a:?}");
+    }
+    assert_eq!(s["tasks"][0]["state"], "worker_failed", "{s}");
+    // Nothing is left running or scheduled for it.
+    assert_eq!(
+        c.query_i64(
+            "SELECT count(*) AS n FROM tasks WHERE job_id = '/u/wl0' AND state IN (1, 2, 3, 9)"
+        ),
+        0
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Checkpoints and the rollout record
+
+/// The durable job state, row for row (jobs, tasks, attempts).
+fn durable_state(c: &TestCluster) -> Vec<Value> {
+    let mut out = c.query("SELECT * FROM jobs ORDER BY job_id");
+    out.extend(c.query("SELECT * FROM tasks ORDER BY task_id"));
+    out.extend(c.query(
+        "SELECT task_id, attempt_id, worker_id, state, created_at_ms, started_at_ms, finished_at_ms, exit_code, error, attempt_uid FROM task_attempts ORDER BY task_id, attempt_id",
+    ));
+    out
+}
+
+fn delete_local_db(c: &TestCluster) {
+    for f in [
+        "controller.sqlite3",
+        "controller.sqlite3-wal",
+        "controller.sqlite3-shm",
+    ] {
+        let _ = std::fs::remove_file(c.state_dir.join(f));
+    }
+    assert!(!c.state_dir.join("controller.sqlite3").exists());
+}
+
+fn job_ids(c: &TestCluster) -> Vec<String> {
+    c.query("SELECT job_id FROM jobs ORDER BY job_id")
+        .iter()
+        .map(|r| r["job_id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+/// `iris cluster controller checkpoint` → the checkpoint's epoch ms.
+fn checkpoint(c: &TestCluster, remote: &std::path::Path) -> i64 {
+    let o = c.iris(&["cluster", "controller", "checkpoint"]);
+    let out = o.ok();
+    let path = out
+        .trim()
+        .strip_prefix("Checkpoint written to ")
+        .and_then(|r| r.split_once(' '))
+        .map(|x| x.0)
+        .unwrap_or_else(|| panic!("unexpected output: {out}"));
+    let ms: i64 = path
+        .rsplit('/')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .expect("epoch dir");
+    assert!(path.ends_with(&format!("controller-state/{ms}")), "{path}");
+    assert!(remote
+        .join(format!("controller-state/{ms}/controller.sqlite3.zst"))
+        .is_file());
+    ms
+}
+
+fn rollout_record(remote: &std::path::Path) -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(remote.join("rollout-record.json")).expect("rollout record"),
+    )
+    .expect("record JSON")
+}
+
+#[test]
+fn checkpoint_restore_and_rollback() {
+    let remote_dir = tempfile::tempdir().expect("remote");
+    let remote = remote_dir.path().join("remote state");
+    let remote_url = format!("file://{}", remote.display()).replace(' ', "%20");
+    let mut c = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(16)],
+        None,
+        &["--remote-state-dir", &remote_url],
+    );
+    c.submit("a", &[], &["echo", "a"]);
+    c.submit("b", &[], &["sh", "-c", "exit 3"]);
+    c.wait_job("/u/a", "succeeded");
+    c.wait_job("/u/b", "failed");
+    let before = durable_state(&c);
+    let cp1 = checkpoint(&c, &remote);
+    assert_eq!(
+        c.query_i64("SELECT value FROM meta WHERE key = 'last_checkpoint_epoch_ms'"),
+        cp1
+    );
+    c.submit("later", &[], &["echo", "later"]);
+    c.wait_job("/u/later", "succeeded");
+
+    // Lose the local DB: the newest checkpoint comes back, exactly.
+    c.kill_controller();
+    delete_local_db(&c);
+    c.start_controller_again();
+    assert_eq!(durable_state(&c), before);
+    assert_eq!(job_ids(&c), vec!["/u/a", "/u/b"]);
+    assert_eq!(
+        c.query_i64("SELECT value FROM meta WHERE key = 'last_checkpoint_epoch_ms'"),
+        cp1
+    );
+    // Logs are not part of a checkpoint and survive in the local state dir.
+    assert_eq!(log_lines(c.iris(&["job", "logs", "/u/a"]).ok()), vec!["a"]);
+    c.submit("c", &[], &["echo", "c"]);
+    c.wait_job("/u/c", "succeeded");
+
+    // `restart` checkpoints and records a pending rollout; the next start commits it.
+    let o = c.iris(&[
+        "cluster",
+        "controller",
+        "restart",
+        "--remote-state-dir",
+        &remote_url,
+        "--image",
+        "v2",
+    ]);
+    assert!(
+        o.ok().contains("does not restart the daemon"),
+        "{}",
+        o.stdout
+    );
+    let rec = rollout_record(&remote);
+    assert_eq!(rec["phase"], "pending");
+    assert_eq!(rec["image"], "v2");
+    let cp2: i64 = rec["rollback_checkpoint"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("controller-state/"))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{rec}"));
+    assert!(cp2 > cp1);
+    c.submit("d", &[], &["echo", "d"]);
+    c.wait_job("/u/d", "succeeded");
+    c.restart_controller();
+    assert_eq!(rollout_record(&remote)["phase"], "committed");
+    assert_eq!(job_ids(&c), vec!["/u/a", "/u/b", "/u/c", "/u/d"]);
+
+    // Rollback: the next start restores cp2 once and records rolled_back.
+    c.iris(&[
+        "cluster",
+        "controller",
+        "rollback",
+        "--remote-state-dir",
+        &remote_url,
+    ])
+    .ok();
+    assert_eq!(rollout_record(&remote)["phase"], "rollback_requested");
+    c.restart_controller();
+    let rec = rollout_record(&remote);
+    assert_eq!(rec["phase"], "rolled_back", "{rec}");
+    assert_eq!(rec["previous_image"], "");
+    assert_eq!(job_ids(&c), vec!["/u/a", "/u/b", "/u/c"], "cp2 has no /u/d");
+    c.submit("e", &[], &["echo", "e"]);
+    c.wait_job("/u/e", "succeeded");
+    c.restart_controller();
+    assert_eq!(
+        job_ids(&c),
+        vec!["/u/a", "/u/b", "/u/c", "/u/e"],
+        "a rolled-back record is not restored again"
+    );
+
+    // An explicit checkpoint: with no local DB, --restore-checkpoint picks cp1 over the newest.
+    c.kill_controller();
+    delete_local_db(&c);
+    let cp1_name = format!("controller-state/{cp1}");
+    c.set_controller_args(&[
+        "--remote-state-dir",
+        &remote_url,
+        "--restore-checkpoint",
+        &cp1_name,
+    ]);
+    c.start_controller_again();
+    assert_eq!(durable_state(&c), before);
+    // With a local DB present, an explicit restore is refused rather than overwriting it.
+    c.kill_controller();
+    let o = std::process::Command::new(IRIS)
+        .args(["cluster", "controller", "serve", "--state-dir"])
+        .arg(&c.state_dir)
+        .args(["--bind", "127.0.0.1:0", "--remote-state-dir", &remote_url])
+        .args(["--restore-checkpoint", &cp1_name])
+        .output()
+        .expect("serve");
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("already exists") && err.contains("move it aside"),
+        "{err}"
+    );
+}
+
+#[test]
+fn periodic_checkpoints_are_pruned_by_age() {
+    let remote_dir = tempfile::tempdir().expect("remote");
+    let remote = remote_dir.path().to_path_buf();
+    let r = remote.to_str().expect("utf8");
+    let c = TestCluster::start_with_args(
+        &[],
+        None,
+        &[
+            "--remote-state-dir",
+            r,
+            "--checkpoint-interval",
+            "0.3",
+            "--checkpoint-max-age",
+            "1",
+        ],
+    );
+    let dirs = || -> Vec<i64> {
+        let mut v: Vec<i64> = std::fs::read_dir(remote.join("controller-state"))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    wait_until(SHORT, "several periodic checkpoints", || {
+        c.query_i64("SELECT count(*) AS n FROM meta WHERE key = 'last_checkpoint_epoch_ms'") == 1
+            && dirs().len() >= 2
+    });
+    // After more than the max age, old directories are gone and the newest is recent.
+    std::thread::sleep(Duration::from_millis(1800));
+    let d = dirs();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    assert!(!d.is_empty());
+    assert!(
+        d.iter().all(|ms| now - ms < 1000 + 1000),
+        "directories older than the max age remain: {d:?} (now {now})"
+    );
+    assert!(d.len() <= 6, "{d:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Migrations: a DB from a newer Iris is refused with a clear message
+
+#[test]
+fn serve_refuses_a_db_written_by_a_newer_iris() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("controller.sqlite3");
+    let conn = iris_store::open(&db).expect("create DB");
+    conn.execute(
+        "INSERT INTO schema_migrations(name, applied_at_ms) VALUES ('9999_from_the_future', 0)",
+        [],
+    )
+    .expect("insert");
+    drop(conn);
+    let started = Instant::now();
+    let o = std::process::Command::new(IRIS)
+        .args(["cluster", "controller", "serve", "--state-dir"])
+        .arg(dir.path())
+        .args(["--bind", "127.0.0.1:0"])
+        .env_remove("IRIS_LOG")
+        .output()
+        .expect("serve");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("newer Iris")
+            && err.contains("9999_from_the_future")
+            && err.contains("upgrade this binary or restore an older checkpoint")
+            && err.contains("controller.sqlite3"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("controller.url").exists(),
+        "it never served"
+    );
+}

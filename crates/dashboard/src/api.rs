@@ -1,0 +1,151 @@
+//! The controller's public API as the dashboard uses it: the same Connect RPCs as the CLI
+//! (`iris.cluster.ControllerService`, `finelog.logging.LogService`), over loopback.
+
+use iris_proto::cluster::controller as c;
+use iris_proto::finelog_logging as fl;
+use iris_proto::query;
+use iris_rpc::{Client, RpcError};
+use std::time::Duration;
+
+const CONTROLLER: &str = "iris.cluster.ControllerService";
+const LOGS: &str = "finelog.logging.LogService";
+const TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A query result: column names and rows of JSON cells.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<serde_json::Value>>,
+}
+
+impl Table {
+    /// The column's index by name.
+    pub fn col(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c == name)
+    }
+}
+
+/// Cell helpers for query rows.
+pub fn cell_str(row: &[serde_json::Value], i: usize) -> String {
+    match row.get(i) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Null) | None => String::new(),
+        Some(v) => v.to_string(),
+    }
+}
+
+pub fn cell_i64(row: &[serde_json::Value], i: usize) -> Option<i64> {
+    match row.get(i)? {
+        serde_json::Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
+        serde_json::Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+#[derive(Clone)]
+pub struct Api {
+    cl: Client,
+}
+
+impl Api {
+    pub fn new(controller_url: &str) -> Result<Api, RpcError> {
+        Ok(Api {
+            cl: Client::new(controller_url)?,
+        })
+    }
+
+    async fn ctl<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        method: &str,
+        req: &Req,
+    ) -> Result<Resp, RpcError> {
+        self.cl.call(CONTROLLER, method, req, TIMEOUT).await
+    }
+
+    pub async fn list_jobs(&self, q: c::JobQuery) -> Result<c::ListJobsResponse, RpcError> {
+        self.ctl("ListJobs", &c::ListJobsRequest { query: Some(q) })
+            .await
+    }
+
+    pub async fn job_status(&self, job_id: &str) -> Result<c::GetJobStatusResponse, RpcError> {
+        self.ctl(
+            "GetJobStatus",
+            &c::GetJobStatusRequest {
+                job_id: job_id.to_string(),
+            },
+        )
+        .await
+    }
+
+    pub async fn job_state(&self, job_id: &str) -> Result<c::GetJobStateResponse, RpcError> {
+        self.ctl(
+            "GetJobState",
+            &c::GetJobStateRequest {
+                job_ids: vec![job_id.to_string()],
+            },
+        )
+        .await
+    }
+
+    pub async fn list_tasks(&self, job_id: &str) -> Result<c::ListTasksResponse, RpcError> {
+        self.ctl(
+            "ListTasks",
+            &c::ListTasksRequest {
+                job_id: job_id.to_string(),
+            },
+        )
+        .await
+    }
+
+    pub async fn task_status(&self, task_id: &str) -> Result<c::GetTaskStatusResponse, RpcError> {
+        self.ctl(
+            "GetTaskStatus",
+            &c::GetTaskStatusRequest {
+                task_id: task_id.to_string(),
+            },
+        )
+        .await
+    }
+
+    pub async fn list_workers(&self) -> Result<c::ListWorkersResponse, RpcError> {
+        self.ctl("ListWorkers", &c::ListWorkersRequest::default())
+            .await
+    }
+
+    pub async fn scheduler_state(&self) -> Result<c::GetSchedulerStateResponse, RpcError> {
+        self.ctl("GetSchedulerState", &c::GetSchedulerStateRequest {})
+            .await
+    }
+
+    /// `ExecuteRawQuery`, with each row's JSON array parsed.
+    pub async fn query(&self, sql: &str) -> Result<Table, RpcError> {
+        let r: query::RawQueryResponse = self
+            .ctl(
+                "ExecuteRawQuery",
+                &query::RawQueryRequest {
+                    sql: sql.to_string(),
+                },
+            )
+            .await?;
+        let rows = r
+            .rows
+            .iter()
+            .map(|row| match serde_json::from_str::<serde_json::Value>(row) {
+                Ok(serde_json::Value::Array(cells)) => cells,
+                Ok(other) => vec![other],
+                Err(_) => vec![serde_json::Value::String(row.clone())],
+            })
+            .collect();
+        Ok(Table {
+            columns: r.columns.into_iter().map(|c| c.name).collect(),
+            rows,
+        })
+    }
+
+    pub async fn fetch_logs(
+        &self,
+        req: &fl::FetchLogsRequest,
+    ) -> Result<fl::FetchLogsResponse, RpcError> {
+        self.cl.call(LOGS, "FetchLogs", req, TIMEOUT).await
+    }
+}

@@ -1,0 +1,479 @@
+//! The Iris web dashboard: server-rendered pages over the controller's public API.
+//!
+//! [`serve`] binds its own port and reads the cluster only through the Connect RPCs the CLI uses
+//! (`iris.cluster.ControllerService`, `finelog.logging.LogService/FetchLogs`), over loopback; it
+//! never opens the controller's DB. Pages are HTML rendered with `maud`, with inline SVG
+//! pictures; a small hand-written script (embedded, like the stylesheet) refreshes each page's
+//! live region, follows logs and runs the find box.
+//!
+//! **API Boundary:** read-only. There is no login yet (the project has no auth): bind it to
+//! loopback, or put it behind something that authenticates.
+
+mod api;
+pub mod fmt;
+pub mod model;
+pub mod pages;
+pub mod svg;
+
+pub use api::{Api, Table};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::Router;
+use iris_proto::cluster::controller as c;
+use iris_proto::finelog_logging as fl;
+use iris_rpc::{Code, RpcError};
+use pages::{Nav, Page};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+const CSS: &str = include_str!("assets/app.css");
+const JS: &str = include_str!("assets/app.js");
+
+/// Stops a running dashboard.
+#[must_use = "dropping the handle stops the dashboard"]
+pub struct Shutdown {
+    tx: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Shutdown {
+    /// Stops accepting connections and waits for in-flight requests.
+    pub async fn shutdown(self) {
+        let _ = self.tx.send(());
+        let _ = self.server.await;
+    }
+}
+
+/// Serves the dashboard for the controller at `controller_url` on `bind` (port 0: any free
+/// port). Returns the bound address and the handle that stops it.
+pub async fn serve(controller_url: String, bind: SocketAddr) -> anyhow::Result<(SocketAddr, Shutdown)> {
+    let api = Api::new(&controller_url).map_err(|e| anyhow::anyhow!("dashboard client: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding dashboard to {bind}: {e}"))?;
+    let addr = listener.local_addr()?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let app = router(api);
+    // Owned by the returned `Shutdown`: stops when it fires or is dropped.
+    let server = tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "dashboard server stopped");
+        }
+    });
+    Ok((addr, Shutdown { tx, server }))
+}
+
+/// The dashboard's routes over a controller client.
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/jobs") }))
+        .route("/health", get(|| async { "ok" }))
+        .route("/static/{file}", get(asset))
+        .route("/jobs", get(jobs))
+        .route("/job/{*id}", get(job))
+        .route("/task/{*id}", get(task))
+        .route("/logs/{*id}", get(logs))
+        .route("/workers", get(workers))
+        .route("/backends", get(backends))
+        .route("/scheduler", get(scheduler))
+        .route("/query", get(query))
+        .with_state(api)
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+async fn asset(Path(file): Path<String>) -> Response {
+    let (body, ct) = if file == pages::css_path().trim_start_matches("/static/") {
+        (CSS, "text/css; charset=utf-8")
+    } else if file == pages::js_path().trim_start_matches("/static/") {
+        (JS, "text/javascript; charset=utf-8")
+    } else {
+        return (StatusCode::NOT_FOUND, "no such asset").into_response();
+    };
+    (
+        [
+            (header::CONTENT_TYPE, ct),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The whole page, or only its live part when the script asks for a fragment.
+fn respond(headers: &HeaderMap, page: Page, status: StatusCode) -> Response {
+    let fragment = headers.contains_key("x-iris-fragment");
+    let body = if fragment {
+        page.live.into_string()
+    } else {
+        pages::layout(&page).into_string()
+    };
+    let mut r = (status, Html(body)).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        "x-iris-done",
+        HeaderValue::from_static(if page.done { "1" } else { "0" }),
+    );
+    r
+}
+
+fn status_of(e: &RpcError) -> StatusCode {
+    match e.code {
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        Code::Unavailable | Code::DeadlineExceeded => StatusCode::BAD_GATEWAY,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn fail(headers: &HeaderMap, nav: Nav, title: &str, e: &RpcError) -> Response {
+    if e.code != Code::NotFound && e.code != Code::InvalidArgument {
+        tracing::warn!(error = %e, page = title, "dashboard RPC failed");
+    }
+    respond(
+        headers,
+        pages::error_page(nav, title, &e.message),
+        status_of(e),
+    )
+}
+
+/// The Jobs page: ListJobs under the filters, plus job counts by state for the bar.
+pub async fn jobs(
+    State(api): State<Api>,
+    Query(f): Query<pages::JobsFilter>,
+    headers: HeaderMap,
+) -> Response {
+    let counts_sql = f.counts_sql();
+    let (list, counts) = tokio::join!(api.list_jobs(f.query()), api.query(&counts_sql));
+    let counts = counts
+        .map(|t| pages::state_counts(&t, true))
+        .unwrap_or_default();
+    let (status, list) = match &list {
+        Ok(r) => (StatusCode::OK, Ok(r)),
+        Err(e) => (status_of(e), Err(e.message.as_str())),
+    };
+    respond(&headers, pages::jobs_page(&f, list, &counts, now_ms()), status)
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct JobParams {
+    tpage: usize,
+}
+
+async fn job(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    Query(p): Query<JobParams>,
+    headers: HeaderMap,
+) -> Response {
+    let id = format!("/{}", id.trim_matches('/'));
+    let attempts_sql = format!(
+        "{}{} ORDER BY t.task_index, a.attempt_id LIMIT 5000",
+        pages::JOB_ATTEMPTS_SQL_HEAD,
+        fmt::sql_str(&id)
+    );
+    let (status, tasks, attempts) = tokio::join!(
+        api.job_status(&id),
+        api.list_tasks(&id),
+        api.query(&attempts_sql)
+    );
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => return fail(&headers, Nav::Jobs, &format!("Job {id}"), &e),
+    };
+    let Some(j) = status.job.as_ref() else {
+        return fail(
+            &headers,
+            Nav::Jobs,
+            &format!("Job {id}"),
+            &RpcError::not_found(format!("job {id} not found")),
+        );
+    };
+    let tasks = tasks.map(|t| t.tasks).unwrap_or_default();
+    let attempts = attempts
+        .map(|t| pages::attempts_from(&t))
+        .unwrap_or_default();
+    let children = if j.has_children {
+        api.list_jobs(c::JobQuery {
+            parent_job_id: id.clone(),
+            limit: 50,
+            ..Default::default()
+        })
+        .await
+        .ok()
+    } else {
+        None
+    };
+    let view = pages::JobView {
+        job: j,
+        request: status.request.as_ref(),
+        tasks: &tasks,
+        attempts: &attempts,
+        children: children.as_ref(),
+        task_page: p.tpage.max(1),
+        now: now_ms(),
+    };
+    respond(&headers, pages::job_page(&view), StatusCode::OK)
+}
+
+async fn task(State(api): State<Api>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let id = format!("/{}", id.trim_matches('/'));
+    let logs_req = fl::FetchLogsRequest {
+        source: format!("{id}:"),
+        match_scope: 2,
+        max_lines: 20,
+        tail: true,
+        ..Default::default()
+    };
+    let (attempts_sql, events_sql) = (pages::task_attempts_sql(&id), pages::events_sql(&id));
+    let (status, attempts, events, tail) = tokio::join!(
+        api.task_status(&id),
+        api.query(&attempts_sql),
+        api.query(&events_sql),
+        api.fetch_logs(&logs_req)
+    );
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => return fail(&headers, Nav::Jobs, &format!("Task {id}"), &e),
+    };
+    let spans = attempts
+        .map(|t| pages::attempts_from(&t).remove(&id).unwrap_or_default())
+        .unwrap_or_default();
+    let events_err;
+    let events = match &events {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            events_err = e.message.clone();
+            Err(events_err.as_str())
+        }
+    };
+    let tail = tail.map(|r| r.entries).unwrap_or_default();
+    let view = pages::TaskView {
+        resp: &status,
+        spans: &spans,
+        events,
+        log_tail: &tail,
+        now: now_ms(),
+    };
+    respond(&headers, pages::task_page(&view), StatusCode::OK)
+}
+
+/// Whether a job (or a task's job) may still produce log lines.
+async fn job_active(api: &Api, job_id: &str) -> bool {
+    let r: Result<c::GetJobStateResponse, RpcError> = api.job_state(job_id).await;
+    match r {
+        Ok(r) => r
+            .states
+            .get(job_id)
+            .and_then(|s| iris_types::JobState::from_code(*s))
+            .map(|s| !s.is_terminal())
+            .unwrap_or(false),
+        Err(_) => true,
+    }
+}
+
+async fn logs(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    Query(f): Query<pages::LogsFilter>,
+    headers: HeaderMap,
+) -> Response {
+    let id = format!("/{}", id.trim_matches('/'));
+    let task = iris_types::TaskId::parse(&id).ok();
+    let (source, job_id) = match &task {
+        Some(t) => (format!("{id}:"), t.job.as_str().to_string()),
+        None => (format!("{id}/"), id.clone()),
+    };
+    let regex = f.regex.trim().to_string();
+    // Follow: new lines after the browser's cursor, as bare list items.
+    if let Some(after) = f.after {
+        let req = fl::FetchLogsRequest {
+            source,
+            match_scope: 2,
+            cursor: after,
+            regex,
+            max_lines: pages::MAX_LOG_LINES as i32,
+            tail: false,
+            ..Default::default()
+        };
+        let (r, active) = tokio::join!(api.fetch_logs(&req), job_active(&api, &job_id));
+        return match r {
+            Ok(r) => {
+                let mut body = String::new();
+                for e in &r.entries {
+                    body.push_str(&pages::log_line(e, task.is_none()).into_string());
+                }
+                let mut resp = (StatusCode::OK, Html(body)).into_response();
+                let h = resp.headers_mut();
+                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                if let Ok(v) = HeaderValue::from_str(&r.cursor.max(after).to_string()) {
+                    h.insert("x-iris-cursor", v);
+                }
+                // Keep polling until the job ends and nothing new arrived.
+                let more = active || !r.entries.is_empty();
+                h.insert(
+                    "x-iris-active",
+                    HeaderValue::from_static(if more { "1" } else { "0" }),
+                );
+                resp
+            }
+            Err(e) => (status_of(&e), e.message).into_response(),
+        };
+    }
+    let full = !regex.is_empty();
+    let want = if f.lines == 0 {
+        pages::MAX_LOG_LINES
+    } else {
+        f.lines.min(pages::MAX_LOG_LINES)
+    };
+    let req = fl::FetchLogsRequest {
+        source,
+        match_scope: 2,
+        regex: regex.clone(),
+        // The filter runs over the whole log: oldest first, as many lines as the server gives.
+        max_lines: if full { 100_000 } else { want as i32 },
+        tail: !full,
+        ..Default::default()
+    };
+    let (r, active) = tokio::join!(api.fetch_logs(&req), job_active(&api, &job_id));
+    let mut err = String::new();
+    let (lines, more, cursor, status) = match r {
+        Ok(r) => {
+            let n = r.entries.len();
+            let (lines, more) = if full {
+                let more = n.saturating_sub(pages::MAX_LOG_LINES);
+                let mut v = r.entries;
+                v.truncate(pages::MAX_LOG_LINES);
+                (v, more)
+            } else {
+                (r.entries, usize::from(n >= want))
+            };
+            (lines, more, r.cursor, StatusCode::OK)
+        }
+        Err(e) => {
+            err = e.message.clone();
+            (Vec::new(), 0, 0, status_of(&e))
+        }
+    };
+    let view = pages::LogsView {
+        id: &id,
+        is_task: task.is_some(),
+        filter: &f,
+        lines: if status == StatusCode::OK {
+            Ok(&lines)
+        } else {
+            Err(err.as_str())
+        },
+        more,
+        cursor,
+        active,
+    };
+    respond(&headers, pages::logs_page(&view), status)
+}
+
+async fn open_holds(api: &Api) -> Result<Vec<model::Hold>, RpcError> {
+    let t = api.query(model::OPEN_ATTEMPTS_SQL).await?;
+    Ok(t.rows.iter().map(|r| model::Hold::from_row(r)).collect())
+}
+
+async fn workers(State(api): State<Api>, headers: HeaderMap) -> Response {
+    let (ws, holds) = tokio::join!(api.list_workers(), open_holds(&api));
+    let committed = model::committed(&holds.unwrap_or_default());
+    let (status, ws) = match &ws {
+        Ok(w) => (StatusCode::OK, Ok(w)),
+        Err(e) => (status_of(e), Err(e.message.as_str())),
+    };
+    respond(
+        &headers,
+        pages::workers_page(ws, &committed, now_ms()),
+        status,
+    )
+}
+
+async fn backends(State(api): State<Api>, headers: HeaderMap) -> Response {
+    let (ws, holds) = tokio::join!(api.list_workers(), open_holds(&api));
+    let r = match (ws, holds) {
+        (Ok(w), Ok(h)) => Ok(model::variants(&w.workers, &h)),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let (status, page) = match &r {
+        Ok(v) => (StatusCode::OK, pages::backends_page(Ok(v))),
+        Err(e) => (status_of(e), pages::backends_page(Err(&e.message))),
+    };
+    respond(&headers, page, status)
+}
+
+/// Jobs whose pending tasks get per-task reasons on the scheduler page (the rest show counts).
+const SCHEDULER_JOBS_WITH_REASONS: usize = 20;
+const SCHEDULER_TASKS_PER_JOB: usize = 20;
+
+async fn scheduler(State(api): State<Api>, headers: HeaderMap) -> Response {
+    let st = match api.scheduler_state().await {
+        Ok(s) => s,
+        Err(e) => return respond(&headers, pages::scheduler_page(Err(&e.message), &BTreeMap::new()), status_of(&e)),
+    };
+    let mut jobs: Vec<String> = Vec::new();
+    for b in &st.pending_buckets {
+        if !jobs.contains(&b.job_id) && jobs.len() < SCHEDULER_JOBS_WITH_REASONS {
+            jobs.push(b.job_id.clone());
+        }
+    }
+    let lists = futures::future::join_all(jobs.iter().map(|j| api.list_tasks(j))).await;
+    let mut pending: BTreeMap<String, Vec<pages::PendingTask>> = BTreeMap::new();
+    for (j, r) in jobs.iter().zip(lists) {
+        let Ok(r) = r else { continue };
+        let v = r
+            .tasks
+            .into_iter()
+            .filter(|t| t.state == iris_types::TaskState::Pending.code())
+            .take(SCHEDULER_TASKS_PER_JOB)
+            .map(|t| pages::PendingTask {
+                task_id: t.task_id,
+                reason: t.pending_reason,
+            })
+            .collect();
+        pending.insert(j.clone(), v);
+    }
+    respond(&headers, pages::scheduler_page(Ok(&st), &pending), StatusCode::OK)
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct QueryParams {
+    sql: String,
+}
+
+async fn query(
+    State(api): State<Api>,
+    Query(q): Query<QueryParams>,
+    headers: HeaderMap,
+) -> Response {
+    let sql = q.sql.trim();
+    if sql.is_empty() {
+        return respond(&headers, pages::query_page("", None, 0.0), StatusCode::OK);
+    }
+    let t0 = Instant::now();
+    let r = api.query(sql).await;
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    match &r {
+        Ok(t) => respond(&headers, pages::query_page(sql, Some(Ok(t)), ms), StatusCode::OK),
+        Err(e) => respond(
+            &headers,
+            pages::query_page(sql, Some(Err(&e.message)), ms),
+            status_of(e),
+        ),
+    }
+}

@@ -1,0 +1,416 @@
+//! Render functions over fixtures: well-formed HTML, accessible structure, and page size.
+
+use iris_dashboard::pages::{self, JobsFilter, Page};
+use iris_dashboard::{model, svg, Table};
+use iris_proto::cluster::controller as c;
+use iris_proto::finelog_logging as fl;
+use iris_proto::job;
+use iris_proto::time::Timestamp;
+use std::collections::BTreeMap;
+
+const NOW: i64 = 1_790_000_000_000;
+
+const VOID: &[&str] = &["meta", "link", "input", "br", "hr", "img"];
+
+/// Checks that every non-void element is closed in order; returns the tag names seen.
+fn assert_well_formed(html: &str) -> Vec<String> {
+    let mut stack: Vec<String> = Vec::new();
+    let mut seen = Vec::new();
+    let mut rest = html;
+    while let Some(i) = rest.find('<') {
+        rest = &rest[i + 1..];
+        let end = rest.find('>').expect("unterminated tag");
+        let tag = &rest[..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('!') {
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().unwrap_or_else(|| panic!("stray </{name}>"));
+            assert_eq!(open, name, "</{name}> closes <{open}>");
+            continue;
+        }
+        let name: String = tag
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect::<String>()
+            .to_ascii_lowercase();
+        seen.push(name.clone());
+        if tag.ends_with('/') || VOID.contains(&name.as_str()) {
+            continue;
+        }
+        // Raw-text elements: skip to their end tag.
+        if name == "script" || name == "style" || name == "textarea" || name == "title" {
+            let close = format!("</{name}>");
+            let j = rest.find(&close).expect("raw text element closed");
+            rest = &rest[j + close.len()..];
+            continue;
+        }
+        stack.push(name);
+    }
+    assert!(stack.is_empty(), "unclosed elements: {stack:?}");
+    seen
+}
+
+fn full(p: &Page) -> String {
+    let html = pages::layout(p).into_string();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains(r#"<html lang="en">"#));
+    assert!(html.contains(r#"<nav aria-label="Main">"#));
+    assert!(html.contains(r#"<main id="main""#));
+    let tags = assert_well_formed(&html);
+    // Every column header says what it heads.
+    assert_eq!(
+        html.matches("<th ").count(),
+        tags.iter().filter(|t| *t == "th").count(),
+        "every th has attributes (scope)"
+    );
+    assert!(!html.contains("<th>"), "th without scope");
+    html
+}
+
+fn job_fixture(i: usize, state: i32) -> job::JobStatus {
+    let mut counts = BTreeMap::new();
+    counts.insert("running".to_string(), 2);
+    counts.insert("pending".to_string(), 1);
+    counts.insert("succeeded".to_string(), 1);
+    job::JobStatus {
+        job_id: format!("/alice/train-run-with-a-long-name-{i:05}"),
+        state,
+        submitted_at: Some(Timestamp {
+            epoch_ms: NOW - 60_000 - i as i64,
+        }),
+        started_at: Some(Timestamp {
+            epoch_ms: NOW - 30_000,
+        }),
+        task_count: 4,
+        task_state_counts: counts,
+        submitting_user: "alice".into(),
+        pending_reason: "Insufficient resources: need 8 gpu (h100), best worker has 0 free; <script>alert(1)</script>".into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn jobs_page_with_many_jobs_is_small_escaped_and_well_formed() {
+    let resp = c::ListJobsResponse {
+        jobs: (0..pages::JOBS_PER_PAGE as usize)
+            .map(|i| job_fixture(i, 1 + (i % 8) as i32))
+            .collect(),
+        total_count: 10_000,
+        has_more: true,
+    };
+    let counts = vec![
+        ("pending".to_string(), 9_000),
+        ("running".to_string(), 900),
+        ("failed".to_string(), 100),
+    ];
+    let f = JobsFilter {
+        state: "pending".into(),
+        user: "alice".into(),
+        ..Default::default()
+    };
+    let html = full(&pages::jobs_page(&f, Ok(&resp), &counts, NOW));
+    assert!(html.len() < 200_000, "jobs page is {} bytes", html.len());
+    assert!(html.contains("/alice/train-run-with-a-long-name-00000"));
+    assert!(html.contains("1–50 of 10000"));
+    assert!(html.contains(r#"<option value="pending" selected>"#));
+    assert!(html.contains("Older →"));
+    assert!(html.contains("page=2"));
+    assert!(!html.contains("<script>alert"), "text is escaped");
+    // Colour is never the only carrier: the state's name is in the badge.
+    assert!(html.contains(">pending</span>"));
+}
+
+#[test]
+fn jobs_filter_builds_the_query_and_counts_sql() {
+    let f = JobsFilter {
+        user: "bob".into(),
+        prefix: "exp'1".into(),
+        name: "Train".into(),
+        page: 3,
+        ..Default::default()
+    };
+    let q = f.query();
+    assert_eq!(q.job_id_prefix, "/bob/exp'1");
+    assert_eq!(q.offset, 100);
+    let sql = f.counts_sql();
+    assert!(sql.contains("'/bob/exp''1'"), "{sql}");
+    assert!(sql.contains("instr(name, 'train')"), "{sql}");
+    let g = JobsFilter {
+        user: "bob".into(),
+        prefix: "/bob/x".into(),
+        ..Default::default()
+    };
+    assert_eq!(g.id_prefix(), "/bob/x");
+}
+
+#[test]
+fn job_page_shows_tasks_timeline_and_children() {
+    let j = job_fixture(1, 3);
+    let tasks: Vec<job::TaskStatus> = (0..3)
+        .map(|i| job::TaskStatus {
+            task_id: format!("{}/{i}", j.job_id),
+            state: if i == 0 { 5 } else { 3 },
+            exit_code: 1,
+            worker_id: "w0".into(),
+            error: if i == 0 { "Exit code: 1".into() } else { String::new() },
+            started_at: Some(Timestamp { epoch_ms: NOW - 20_000 }),
+            ..Default::default()
+        })
+        .collect();
+    let mut attempts = pages::Attempts::new();
+    attempts.insert(
+        tasks[0].task_id.clone(),
+        vec![
+            svg::Span {
+                attempt_id: 0,
+                state: 5,
+                created_ms: NOW - 50_000,
+                started_ms: Some(NOW - 45_000),
+                finished_ms: Some(NOW - 40_000),
+                worker: "w0".into(),
+                exit_code: Some(1),
+            },
+            svg::Span {
+                attempt_id: 1,
+                state: 3,
+                created_ms: NOW - 30_000,
+                started_ms: Some(NOW - 29_000),
+                finished_ms: None,
+                worker: "w1".into(),
+                exit_code: None,
+            },
+        ],
+    );
+    let children = c::ListJobsResponse {
+        jobs: vec![job::JobStatus {
+            job_id: format!("{}/eval", j.job_id),
+            state: 4,
+            ..Default::default()
+        }],
+        total_count: 1,
+        has_more: false,
+    };
+    let v = pages::JobView {
+        job: &j,
+        request: None,
+        tasks: &tasks,
+        attempts: &attempts,
+        children: Some(&children),
+        task_page: 1,
+        now: NOW,
+    };
+    let p = pages::job_page(&v);
+    assert!(!p.done, "a running job keeps refreshing");
+    let html = full(&p);
+    assert!(html.contains("<svg class=\"timeline\""));
+    assert!(html.contains("attempt 0: failed, exit 1 on w0"));
+    assert!(html.contains("Child jobs (1)"));
+    assert!(html.contains("/task/alice/train-run-with-a-long-name-00001/0"));
+    let mut killed = j.clone();
+    killed.state = 6;
+    let v = pages::JobView { job: &killed, ..v };
+    let p = pages::job_page(&v);
+    assert!(p.done, "a finished job stops refreshing");
+    assert!(p.live.into_string().contains(">killed</span>"));
+}
+
+#[test]
+fn task_page_shows_attempts_events_and_logs() {
+    let resp = c::GetTaskStatusResponse {
+        task: Some(job::TaskStatus {
+            task_id: "/u/j/0".into(),
+            state: 5,
+            exit_code: 3,
+            error: "Exit code: 3".into(),
+            attempts: vec![job::TaskAttempt {
+                attempt_id: 0,
+                worker_id: "w0".into(),
+                state: 5,
+                exit_code: 3,
+                error: "Exit code: 3".into(),
+                attempt_uid: "0123456789abcdef".into(),
+                started_at: Some(Timestamp { epoch_ms: NOW - 5000 }),
+                finished_at: Some(Timestamp { epoch_ms: NOW - 1000 }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        job_resources: None,
+        root_cause_highlights: vec!["Traceback: boom".into()],
+    };
+    let events = Table {
+        columns: vec!["ts_ms".into(), "attempt_id".into(), "type".into()],
+        rows: vec![vec![
+            serde_json::json!(NOW - 2000),
+            serde_json::json!(0),
+            serde_json::json!("TaskFailed"),
+            serde_json::json!("exit"),
+            serde_json::json!("Exit code: 3"),
+            serde_json::json!("worker"),
+        ]],
+    };
+    let logs = vec![fl::LogEntry {
+        data: "hello <b>".into(),
+        source: "stderr".into(),
+        timestamp: Some(fl::Timestamp { epoch_ms: NOW }),
+        ..Default::default()
+    }];
+    let v = pages::TaskView {
+        resp: &resp,
+        spans: &[],
+        events: Ok(&events),
+        log_tail: &logs,
+        now: NOW,
+    };
+    let html = full(&pages::task_page(&v));
+    assert!(html.contains("0123456789abcdef"));
+    assert!(html.contains("TaskFailed"));
+    assert!(html.contains("hello &lt;b&gt;"));
+    assert!(html.contains("Traceback: boom"));
+}
+
+#[test]
+fn logs_page_shows_a_rejected_regex_as_an_error() {
+    let f = pages::LogsFilter {
+        regex: "[".into(),
+        ..Default::default()
+    };
+    let v = pages::LogsView {
+        id: "/u/j/0",
+        is_task: true,
+        filter: &f,
+        lines: Err("invalid regex: unclosed character class"),
+        more: 0,
+        cursor: 0,
+        active: false,
+    };
+    let html = full(&pages::logs_page(&v));
+    assert!(html.contains(r#"role="alert""#));
+    assert!(html.contains("unclosed character class"));
+    assert!(html.contains(r#"<label for="regex">"#));
+    assert!(html.contains(r#"<label for="find">"#));
+}
+
+#[test]
+fn logs_page_with_a_full_tail_stays_under_the_size_budget() {
+    let lines: Vec<fl::LogEntry> = (0..pages::MAX_LOG_LINES)
+        .map(|i| fl::LogEntry {
+            data: format!("rank{} step {i} train/loss={:.4} lr=3e-4 tokens/s=123456", i % 8, 1.0 / (i + 1) as f64),
+            source: "stdout".into(),
+            key: "/u/j/0:0".into(),
+            timestamp: Some(fl::Timestamp { epoch_ms: NOW + i as i64 }),
+            ..Default::default()
+        })
+        .collect();
+    let f = pages::LogsFilter::default();
+    let v = pages::LogsView {
+        id: "/u/j",
+        is_task: false,
+        filter: &f,
+        lines: Ok(&lines),
+        more: 1,
+        cursor: 99,
+        active: true,
+    };
+    let html = full(&pages::logs_page(&v));
+    assert!(html.len() < 200_000, "logs page is {} bytes", html.len());
+    assert!(html.contains(r#"data-cursor="99""#));
+}
+
+#[test]
+fn backends_page_shows_free_over_total() {
+    let ws = vec![c::WorkerHealthStatus {
+        worker_id: "w0".into(),
+        healthy: true,
+        metadata: Some(job::WorkerMetadata {
+            cpu_count: 8,
+            memory_bytes: 16 << 30,
+            device: Some(job::DeviceConfig {
+                device: Some(job::device_config::Device::Gpu(job::GpuDevice {
+                    variant: "h100".into(),
+                    count: 8,
+                })),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    let idle = model::variants(&ws, &[]);
+    let html = full(&pages::backends_page(Ok(&idle)));
+    assert!(html.contains("8/8</strong> free"), "{html}");
+    assert!(html.contains("H100 GPU"));
+    let held = model::variants(
+        &ws,
+        &[model::Hold {
+            worker_id: "w0".into(),
+            device: Some(job::device_config::Device::Gpu(job::GpuDevice {
+                variant: "H100".into(),
+                count: 8,
+            })),
+            band: 2,
+            cpu_millicores: 1000,
+            memory_bytes: 1 << 30,
+        }],
+    );
+    let html = full(&pages::backends_page(Ok(&held)));
+    assert!(html.contains("0/8</strong> free"));
+    assert!(html.contains("interactive <strong>8</strong>"));
+    let html = full(&pages::workers_page(
+        Ok(&c::ListWorkersResponse {
+            workers: ws,
+            total_count: 1,
+            has_more: false,
+        }),
+        &BTreeMap::new(),
+        NOW,
+    ));
+    assert!(html.contains("✓ healthy"));
+}
+
+#[test]
+fn scheduler_and_query_pages_render() {
+    let st = c::GetSchedulerStateResponse {
+        total_pending: 3,
+        total_running: 1,
+        pending_buckets: vec![
+            c::PendingTaskBucket {
+                band: 3,
+                user_id: "bob".into(),
+                job_id: "/bob/batch".into(),
+                count: 2,
+                ..Default::default()
+            },
+            c::PendingTaskBucket {
+                band: 1,
+                user_id: "alice".into(),
+                job_id: "/alice/prod".into(),
+                count: 1,
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let mut pending = BTreeMap::new();
+    pending.insert(
+        "/alice/prod".to_string(),
+        vec![pages::PendingTask {
+            task_id: "/alice/prod/0".into(),
+            reason: "no worker with 8 h100".into(),
+        }],
+    );
+    let html = full(&pages::scheduler_page(Ok(&st), &pending));
+    let prod = html.find("Band production").expect("production band");
+    let batch = html.find("Band batch").expect("batch band");
+    assert!(prod < batch, "higher band first");
+    assert!(html.contains("no worker with 8 h100"));
+    let t = Table {
+        columns: vec!["state".into(), "n".into()],
+        rows: vec![vec![serde_json::json!(1), serde_json::json!(5)]],
+    };
+    let html = full(&pages::query_page("SELECT 1", Some(Ok(&t)), 1.5));
+    assert!(html.contains(r#"<th scope="col">state</th>"#));
+    let html = full(&pages::query_page("SELEC", Some(Err("sql: syntax error")), 0.1));
+    assert!(html.contains("syntax error"));
+}

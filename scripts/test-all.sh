@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The whole test suite: every Rust test (unit, property, integration against real processes on
+# 127.0.0.1), then the published Python client driving our controller.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test --workspace --all-targets
+bash tests/compat/run.sh
