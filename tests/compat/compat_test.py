@@ -473,6 +473,27 @@ def python_client_submit_replicas_env_logs():
 # --------------------------------------------------------------------------------------------
 
 
+@step
+def tokens_interoperate_with_the_python_implementation():
+    """Our `iris user token mint` output verifies with the published verifier, and a key from
+    our `iris cluster init-keys` loads in Python with the same kid."""
+    from rigging.token_authority import JwksVerifier, signing_key_from_private_pem
+
+    ours = Path(__file__).resolve().parents[2] / "target" / "debug" / "iris"
+    with tempfile.TemporaryDirectory() as d:
+        key = Path(d) / "k.pem"
+        out = subprocess.run([str(ours), "cluster", "init-keys", "--out-file", str(key)], capture_output=True, text=True, check=True).stdout
+        kid = next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("kid:"))
+        py_key = signing_key_from_private_pem(key.read_text())
+        assert py_key.kid == kid, (py_key.kid, kid)
+        token = subprocess.run(
+            [str(ours), "user", "token", "mint", "alice", "--signing-key", f"file:{key}", "--issuer", "compat", "--ttl", "1h"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        claims = JwksVerifier(issuers={"compat": [py_key.public_pem]}, expected_audiences=frozenset({"iris"})).verify(token)
+        assert claims.sub == "alice" and claims.claims["role"] == "user", claims
+
+
 def main():
     global ARGS, WORKSPACE
     p = argparse.ArgumentParser()

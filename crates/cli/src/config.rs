@@ -22,7 +22,7 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub storage: Option<Storage>,
     #[serde(default)]
-    pub auth: Option<serde_yaml::Value>,
+    pub auth: Option<AuthSection>,
     #[serde(default)]
     pub defaults: Option<serde_yaml::Value>,
     #[serde(default)]
@@ -92,6 +92,35 @@ pub struct WorkerSection {
     pub image: Option<String>,
     #[serde(default)]
     pub env: Option<serde_yaml::Value>,
+}
+
+/// `auth:` (reference §5). Secret references are resolved when the controller starts.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // federation_peers, allowed_submitters, iap: read once federation and IAP land
+pub struct AuthSection {
+    #[serde(default)]
+    pub provider: Option<String>,
+    #[serde(default)]
+    pub signing_key: Option<String>,
+    #[serde(default)]
+    pub previous_public_keys: Vec<String>,
+    #[serde(default)]
+    pub trusted_cidrs: Vec<String>,
+    #[serde(default)]
+    pub admin_users: Vec<String>,
+    #[serde(default)]
+    pub user_roles: BTreeMap<String, String>,
+    #[serde(default)]
+    pub optional: bool,
+    #[serde(default)]
+    pub federation_peers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub allowed_submitters: Vec<String>,
+    #[serde(default)]
+    pub iap: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub principal_directory: Option<serde_yaml::Value>,
 }
 
 #[derive(Debug, Deserialize, Default, Clone)]

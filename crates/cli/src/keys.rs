@@ -24,7 +24,7 @@ pub struct MintArgs {
     /// Issuer: the cluster's `name` (default `iris`).
     #[arg(long, default_value = "iris")]
     pub issuer: String,
-    #[arg(long, default_value = "user", value_parser = ["user", "admin", "dashboard"])]
+    #[arg(long, default_value = "user", value_parser = ["user", "admin", "dashboard", "worker"])]
     pub role: String,
 }
 
@@ -108,4 +108,70 @@ mod tests {
         assert!(parse_ttl("soon").is_err());
         assert!(parse_ttl("0").is_err());
     }
+}
+
+/// Builds the controller's auth settings from the config's `auth:` section.
+pub fn auth_from_config(cfg: &crate::config::ClusterConfig) -> anyhow::Result<Option<iris_controller::auth::AuthConfig>> {
+    let Some(a) = &cfg.auth else { return Ok(None) };
+    let keypair = match a.signing_key.as_deref().filter(|s| !s.is_empty()) {
+        Some(r) => iris_auth::Keypair::from_pem(&resolve_secret(r)?).map_err(|e| anyhow::anyhow!("auth.signing_key: {e}"))?,
+        None => {
+            eprintln!("WARNING: auth.signing_key is not set: using an EPHEMERAL signing key. Every token (workers', users') dies with this process; set auth.signing_key (iris cluster init-keys --out-file F) for a real deployment.");
+            iris_auth::Keypair::generate()
+        }
+    };
+    let mut previous = Vec::new();
+    for (i, pem) in a.previous_public_keys.iter().enumerate() {
+        previous.push(iris_auth::public_from_pem(pem).map_err(|e| anyhow::anyhow!("auth.previous_public_keys[{i}]: {e}"))?);
+    }
+    for (i, c) in a.trusted_cidrs.iter().enumerate() {
+        iris_auth::cidr_contains(c, std::net::IpAddr::from([127, 0, 0, 1])).map_err(|e| anyhow::anyhow!("auth.trusted_cidrs[{i}]: {e}"))?;
+    }
+    for (user, role) in &a.user_roles {
+        if !matches!(role.as_str(), "admin" | "user" | "dashboard") {
+            anyhow::bail!("auth.user_roles.{user}: unknown role {role:?} (admin, user or dashboard)");
+        }
+    }
+    let provider = a.provider.as_deref().unwrap_or("");
+    if !matches!(provider, "" | "token" | "cidr" | "iap") {
+        anyhow::bail!("auth.provider: unknown provider {provider:?} (token, cidr or iap)");
+    }
+    Ok(Some(iris_controller::auth::AuthConfig {
+        issuer: cfg.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "iris".into()),
+        keypair,
+        previous_public_keys: previous,
+        enforcing: !provider.is_empty() || !a.trusted_cidrs.is_empty(),
+        trusted_cidrs: a.trusted_cidrs.clone(),
+        admin_users: a.admin_users.clone(),
+        user_roles: a.user_roles.clone(),
+        optional: a.optional,
+    }))
+}
+
+/// Where `iris login --token` keeps the token.
+pub fn token_path() -> std::path::PathBuf {
+    dirs::config_dir().unwrap_or_else(std::env::temp_dir).join("iris").join("token")
+}
+
+/// The token the CLI sends: `MARIN_CLUSTER_TOKEN`, else the one stored by `iris login`.
+pub fn cli_token() -> Option<String> {
+    std::env::var("MARIN_CLUSTER_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+        .or_else(|| std::fs::read_to_string(token_path()).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()))
+}
+
+/// `iris login --token T`: stores the token (mode 0600) for later commands.
+pub fn login(token: &str) -> anyhow::Result<i32> {
+    if token.split('.').count() != 3 {
+        anyhow::bail!("--token does not look like a JWT (three dot-separated parts)");
+    }
+    let p = token_path();
+    if let Some(dir) = p.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(&p);
+    write_private(&p, token)?;
+    println!("Stored token in {}", p.display());
+    Ok(0)
 }

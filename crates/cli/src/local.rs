@@ -349,6 +349,7 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     if let Some(p) = &a.config {
         let cfg = config::load(p)?;
         ccfg.groups = plan_groups(&cfg)?.iter().map(capacity).collect();
+        ccfg.auth = crate::keys::auth_from_config(&cfg)?;
         if ccfg.remote_state_dir.is_none() {
             ccfg.remote_state_dir = cfg.remote_state_dir();
         }

@@ -70,6 +70,11 @@ enum Cmd {
     /// Per-user budgets and maximum bands.
     #[command(subcommand)]
     User(UserCmd),
+    /// Store a token for later commands (sent as `authorization: Bearer`).
+    Login {
+        #[arg(long)]
+        token: String,
+    },
     /// Benchmarks against an in-process controller (prints figures).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -126,6 +131,9 @@ struct RunArgs {
     replicas: i64,
     #[arg(long)]
     priority: Option<String>,
+    /// Required with `--priority system`: why (must mention hero, finelog or iris).
+    #[arg(long)]
+    system_reason: Option<String>,
     /// Execution timeout in seconds (0 = none).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     timeout: i64,
@@ -325,7 +333,7 @@ pub(crate) fn controller_client(url: &Option<String>) -> anyhow::Result<Client> 
             "no controller address: start one with `iris cluster start --local`, or pass --controller-url",
         )?,
     };
-    let token = std::env::var("MARIN_CLUSTER_TOKEN").ok();
+    let token = keys::cli_token();
     Ok(Client::new(&url)
         .map_err(anyhow::Error::new)?
         .with_token(token))
@@ -370,6 +378,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             Ok(0)
         }
         Cmd::Bench(b) => bench::run(b).await,
+        Cmd::Login { token } => keys::login(&token),
         Cmd::Job(j) => job_cmd(j, url).await,
         Cmd::Task(t) => task_cmd(t, url).await,
         Cmd::Attempt(a) => attempt_cmd(a, url).await,
@@ -387,10 +396,14 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Rpc { method, json, .. } => {
             let cl = controller_client(&url)?;
             let m = kebab_to_pascal(&method);
-            let resp = reqwest::Client::new()
+            let mut rb = reqwest::Client::new()
                 .post(format!("{}/{SVC}/{m}", cl.base()))
                 .header("content-type", "application/json")
-                .body(json)
+                .body(json);
+            if let Some(t) = keys::cli_token() {
+                rb = rb.header("authorization", format!("Bearer {t}"));
+            }
+            let resp = rb
                 .send()
                 .await
                 .with_context(|| format!("calling {m}"))?;
@@ -451,6 +464,23 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_reason_rules() {
+        let sys = iris_types::Band::System.code();
+        assert!(check_system_reason(sys, None).is_err());
+        assert!(check_system_reason(sys, Some("urgent")).is_err());
+        assert!(check_system_reason(sys, Some("heroic")).is_err());
+        assert!(check_system_reason(sys, Some("Hero run for the paper")).is_ok());
+        assert!(check_system_reason(sys, Some("iris: log server")).is_ok());
+        assert!(check_system_reason(2, Some("hero")).is_err());
+        assert!(check_system_reason(2, None).is_ok());
+    }
+}
+
 fn kebab_to_pascal(s: &str) -> String {
     if !s.contains('-')
         && s.chars()
@@ -483,6 +513,28 @@ fn resolve_user(flag: &Option<String>) -> anyhow::Result<String> {
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "root".into());
     iris_types::ids::validate_user(&raw).map_err(anyhow::Error::msg)
+}
+
+/// `--priority system` needs `--system-reason` naming hero, finelog or iris (as whole words);
+/// `--system-reason` with any other priority is a usage error.
+fn check_system_reason(band: i32, reason: Option<&str>) -> anyhow::Result<()> {
+    let system = band == iris_types::Band::System.code();
+    match (system, reason) {
+        (false, Some(_)) => bail!("--system-reason is only valid with --priority system"),
+        (false, None) => Ok(()),
+        (true, None) => bail!("--priority system requires --system-reason (say why: hero run, finelog or iris infrastructure)"),
+        (true, Some(r)) => {
+            let words: Vec<String> = r
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .map(|w| w.to_ascii_lowercase())
+                .collect();
+            if words.iter().any(|w| w == "hero" || w == "finelog" || w == "iris") {
+                Ok(())
+            } else {
+                bail!("--system-reason {r:?} must mention hero, finelog or iris")
+            }
+        }
+    }
 }
 
 fn constraint(key: &str, op: i32, values: &[&str], mode: i32) -> job::Constraint {
@@ -535,6 +587,7 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
             .code(),
         None => 0,
     };
+    check_system_reason(band, a.system_reason.as_deref())?;
     if a.env.len() % 2 != 0 {
         bail!(
             "-e/--env-vars takes KEY VALUE pairs: missing the value for {:?}",

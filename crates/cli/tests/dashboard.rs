@@ -105,7 +105,11 @@ async fn wait_js(c: &Client, what: &str, js: &str) -> Value {
             Err(e) => json!(e.to_string()),
         };
         if Instant::now() >= deadline {
-            let url = c.current_url().await.map(|u| u.to_string()).unwrap_or_default();
+            let url = c
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
             let text = main_text(c).await;
             panic!("timed out waiting for {what} on {url}; last value {last}\npage text:\n{text}");
         }
@@ -122,7 +126,9 @@ async fn main_text(c: &Client) -> String {
 
 /// The server's bytes for a dashboard path.
 async fn page_bytes(base: &str, path: &str) -> usize {
-    let r = reqwest::get(format!("{base}{path}")).await.expect("GET page");
+    let r = reqwest::get(format!("{base}{path}"))
+        .await
+        .expect("GET page");
     r.bytes().await.expect("page body").len()
 }
 
@@ -131,12 +137,16 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 fn dashboard_url(tc: &TestCluster) -> String {
-    common::wait_for(STARTUP, "the controller to print the dashboard address", || {
-        let log = std::fs::read_to_string(tc.path("controller.log")).ok()?;
-        log.lines()
-            .find_map(|l| l.strip_prefix("Dashboard: "))
-            .map(|u| u.trim().trim_end_matches('/').to_string())
-    })
+    common::wait_for(
+        STARTUP,
+        "the controller to print the dashboard address",
+        || {
+            let log = std::fs::read_to_string(tc.path("controller.log")).ok()?;
+            log.lines()
+                .find_map(|l| l.strip_prefix("Dashboard: "))
+                .map(|u| u.trim().trim_end_matches('/').to_string())
+        },
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,7 +172,11 @@ async fn dashboard_in_a_real_browser() {
 
     // Jobs through the CLI: one succeeds, one fails, one prints 5,000 lines, one keeps running.
     let (ok, bad, chatty, sleeper) = blocking(|| {
-        let ok = tc.submit("ok", &[], &["sh", "-c", "echo hello from the dashboard test"]);
+        let ok = tc.submit(
+            "ok",
+            &[],
+            &["sh", "-c", "echo hello from the dashboard test"],
+        );
         let bad = tc.submit("bad", &[], &["sh", "-c", "echo about to fail >&2; exit 3"]);
         let chatty = tc.submit(
             "chatty",
@@ -206,12 +220,37 @@ async fn dashboard_in_a_real_browser() {
     shot(&c, "01-jobs").await;
 
     // Click through: job → task → logs.
-    c.find(Locator::LinkText(&chatty)).await.expect("job link").click().await.expect("click job");
-    wait_js(&c, "the job page", "return document.querySelector('h1').innerText.startsWith('Job ');").await;
-    wait_js(&c, "the attempt timeline", "return !!document.querySelector('svg.timeline');").await;
+    c.find(Locator::LinkText(&chatty))
+        .await
+        .expect("job link")
+        .click()
+        .await
+        .expect("click job");
+    wait_js(
+        &c,
+        "the job page",
+        "return document.querySelector('h1').innerText.startsWith('Job ');",
+    )
+    .await;
+    wait_js(
+        &c,
+        "the attempt timeline",
+        "return !!document.querySelector('svg.timeline');",
+    )
+    .await;
     shot(&c, "02-job").await;
-    c.find(Locator::LinkText("task 0")).await.expect("task link").click().await.expect("click task");
-    wait_js(&c, "the task page", "return document.querySelector('h1').innerText.startsWith('Task ');").await;
+    c.find(Locator::LinkText("task 0"))
+        .await
+        .expect("task link")
+        .click()
+        .await
+        .expect("click task");
+    wait_js(
+        &c,
+        "the task page",
+        "return document.querySelector('h1').innerText.startsWith('Task ');",
+    )
+    .await;
     wait_js(
         &c,
         "task events",
@@ -225,20 +264,57 @@ async fn dashboard_in_a_real_browser() {
         .click()
         .await
         .expect("click logs");
-    wait_js(&c, "the logs page", "return document.querySelectorAll('#log-lines li').length === 1000;").await;
-    let tail = c.find(Locator::Css("#log-lines")).await.expect("lines").text().await.expect("text");
-    assert!(tail.contains("rank1 filler line 4999"), "the tail shows the last line");
-    assert!(!tail.contains("train/loss"), "the early line is outside the loaded tail");
+    wait_js(
+        &c,
+        "the logs page",
+        "return document.querySelectorAll('#log-lines li').length === 1000;",
+    )
+    .await;
+    let tail = c
+        .find(Locator::Css("#log-lines"))
+        .await
+        .expect("lines")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        tail.contains("rank1 filler line 4999"),
+        "the tail shows the last line"
+    );
+    assert!(
+        !tail.contains("train/loss"),
+        "the early line is outside the loaded tail"
+    );
 
     // The find box searches only the loaded lines: the early line is not among them.
-    c.find(Locator::Css("#find")).await.expect("find box").send_keys("train/loss").await.expect("type");
-    let n = wait_js(&c, "find to count", "return document.getElementById('find-count').innerText;").await;
+    c.find(Locator::Css("#find"))
+        .await
+        .expect("find box")
+        .send_keys("train/loss")
+        .await
+        .expect("type");
+    let n = wait_js(
+        &c,
+        "find to count",
+        "return document.getElementById('find-count').innerText;",
+    )
+    .await;
     assert_eq!(n, json!("0 of 1000 loaded line(s) match"));
     shot(&c, "04-logs-find").await;
 
     // The full-log filter runs on the server over the whole log and finds it.
-    c.find(Locator::Css("#regex")).await.expect("regex").send_keys("rank0.*train/loss").await.expect("type");
-    c.find(Locator::Css("form.filters button[type=submit]")).await.expect("filter").click().await.expect("submit");
+    c.find(Locator::Css("#regex"))
+        .await
+        .expect("regex")
+        .send_keys("rank0.*train/loss")
+        .await
+        .expect("type");
+    c.find(Locator::Css("form.filters button[type=submit]"))
+        .await
+        .expect("filter")
+        .click()
+        .await
+        .expect("submit");
     wait_js(
         &c,
         "the regex filter to find the early line",
@@ -251,7 +327,12 @@ async fn dashboard_in_a_real_browser() {
     let re = c.find(Locator::Css("#regex")).await.expect("regex");
     re.clear().await.expect("clear");
     re.send_keys("[").await.expect("type");
-    c.find(Locator::Css("form.filters button[type=submit]")).await.expect("filter").click().await.expect("submit");
+    c.find(Locator::Css("form.filters button[type=submit]"))
+        .await
+        .expect("filter")
+        .click()
+        .await
+        .expect("submit");
     let err = wait_js(
         &c,
         "the bad-regex error",
@@ -262,14 +343,30 @@ async fn dashboard_in_a_real_browser() {
     shot(&c, "06-logs-bad-regex").await;
 
     // A failed task's page shows its exit code and error.
-    c.goto(&format!("{base}/task{bad}/0")).await.expect("failed task");
-    wait_js(&c, "the failed task", "return document.getElementById('task-state').innerText.trim() === 'failed';").await;
+    c.goto(&format!("{base}/task{bad}/0"))
+        .await
+        .expect("failed task");
+    wait_js(
+        &c,
+        "the failed task",
+        "return document.getElementById('task-state').innerText.trim() === 'failed';",
+    )
+    .await;
     shot(&c, "07-task-failed").await;
 
     // A cancelled job turns KILLED on the open page, without a reload.
-    c.goto(&format!("{base}/job{sleeper}")).await.expect("sleeper page");
-    wait_js(&c, "the running job", "return document.getElementById('job-state').innerText.trim() === 'running';").await;
-    c.execute("window.__irisNoReload = 'still here'; return 1;", vec![]).await.expect("marker");
+    c.goto(&format!("{base}/job{sleeper}"))
+        .await
+        .expect("sleeper page");
+    wait_js(
+        &c,
+        "the running job",
+        "return document.getElementById('job-state').innerText.trim() === 'running';",
+    )
+    .await;
+    c.execute("window.__irisNoReload = 'still here'; return 1;", vec![])
+        .await
+        .expect("marker");
     blocking(|| tc.iris(&["job", "cancel", &sleeper]).ok().to_string());
     wait_js(
         &c,
@@ -283,9 +380,14 @@ async fn dashboard_in_a_real_browser() {
     c.goto(&format!("{base}/backends")).await.expect("backends");
     let h100_row = "const r = Array.from(document.querySelectorAll('table.backends tbody tr')).find(r => r.cells[0].innerText.includes('H100')); return r ? r.innerText : '';";
     let row = wait_js(&c, "an H100 row", h100_row).await;
-    assert!(row.as_str().unwrap_or("").contains("8/8 free"), "idle: {row}");
+    assert!(
+        row.as_str().unwrap_or("").contains("8/8 free"),
+        "idle: {row}"
+    );
     shot(&c, "09-backends-idle").await;
-    c.execute("window.__irisNoReload = 'backends'; return 1;", vec![]).await.expect("marker");
+    c.execute("window.__irisNoReload = 'backends'; return 1;", vec![])
+        .await
+        .expect("marker");
     let (gpu, queued) = blocking(|| {
         let gpu = tc.submit("gpu", &["--gpu", "H100x8"], &["sleep", "300"]);
         tc.wait_job(&gpu, "running");
@@ -302,7 +404,9 @@ async fn dashboard_in_a_real_browser() {
     shot(&c, "10-backends-held").await;
 
     // The remaining pages.
-    c.goto(&format!("{base}/scheduler")).await.expect("scheduler");
+    c.goto(&format!("{base}/scheduler"))
+        .await
+        .expect("scheduler");
     wait_js(
         &c,
         "the queued job with a reason",
@@ -311,22 +415,51 @@ async fn dashboard_in_a_real_browser() {
     .await;
     shot(&c, "11-scheduler").await;
     c.goto(&format!("{base}/workers")).await.expect("workers");
-    wait_js(&c, "the worker", "return document.querySelector('main').innerText.includes('healthy');").await;
+    wait_js(
+        &c,
+        "the worker",
+        "return document.querySelector('main').innerText.includes('healthy');",
+    )
+    .await;
     shot(&c, "12-workers").await;
-    c.goto(&format!("{base}/query?sql=SELECT+state%2C+count(*)+AS+n+FROM+jobs+GROUP+BY+state"))
-        .await
-        .expect("query");
-    wait_js(&c, "query rows", "return document.querySelectorAll('table.query tbody tr').length > 0;").await;
+    c.goto(&format!(
+        "{base}/query?sql=SELECT+state%2C+count(*)+AS+n+FROM+jobs+GROUP+BY+state"
+    ))
+    .await
+    .expect("query");
+    wait_js(
+        &c,
+        "query rows",
+        "return document.querySelectorAll('table.query tbody tr').length > 0;",
+    )
+    .await;
     shot(&c, "13-query").await;
     c.goto(&format!("{base}/jobs")).await.expect("jobs again");
-    wait_js(&c, "the jobs table", "return document.querySelectorAll('table.jobs tbody tr').length >= 6;").await;
+    wait_js(
+        &c,
+        "the jobs table",
+        "return document.querySelectorAll('table.jobs tbody tr').length >= 6;",
+    )
+    .await;
     shot(&c, "14-jobs-after").await;
     c.set_window_size(420, 900).await.expect("narrow window");
     c.goto(&format!("{base}/jobs")).await.expect("jobs narrow");
-    wait_js(&c, "the jobs table", "return document.querySelectorAll('table.jobs tbody tr').length >= 6;").await;
+    wait_js(
+        &c,
+        "the jobs table",
+        "return document.querySelectorAll('table.jobs tbody tr').length >= 6;",
+    )
+    .await;
     shot(&c, "15-jobs-narrow").await;
-    c.goto(&format!("{base}/job{gpu}")).await.expect("job narrow");
-    wait_js(&c, "the job page", "return !!document.getElementById('job-state');").await;
+    c.goto(&format!("{base}/job{gpu}"))
+        .await
+        .expect("job narrow");
+    wait_js(
+        &c,
+        "the job page",
+        "return !!document.getElementById('job-state');",
+    )
+    .await;
     shot(&c, "16-job-narrow").await;
 
     // Every page is small.

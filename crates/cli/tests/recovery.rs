@@ -283,6 +283,61 @@ fn kill_pids(pids: &[u32]) {
     }
 }
 
+/// A controller down for longer than the workers' heartbeat timeout: the workers stop their
+/// tasks (WORKER_FAILED), re-register when it is back, and the tasks rerun.
+#[test]
+fn controller_outage_past_the_heartbeat_timeout_reruns_the_task() {
+    let mut c = TestCluster::start(&[WorkerSpec::cpu(16).heartbeat_timeout(2)]);
+    let pidfile = c.path("hb.pids");
+    let go = c.path("hb.go");
+    c.submit(
+        "hb",
+        &[
+            "-e",
+            "PIDFILE",
+            pidfile.to_str().expect("utf8"),
+            "-e",
+            "GO",
+            go.to_str().expect("utf8"),
+        ],
+        &["sh", "-c", BLOCK],
+    );
+    c.wait_tasks("/u/hb", &[(0, "running")]);
+    let pid = wait_for(SHORT, "the task to record its pid", || {
+        read_pids(&pidfile).first().copied()
+    });
+    c.kill_controller();
+    wait_until(
+        SHORT,
+        "the worker to stop its task after the heartbeat timeout",
+        || !alive(pid),
+    );
+    c.start_controller_again();
+    wait_until(SHORT, "the task to rerun", || {
+        c.attempts("/u/hb/0").len() == 2 && c.summary("/u/hb")["tasks"][0]["state"] == "running"
+    });
+    std::fs::write(&go, "go").expect("go");
+    let s = c.wait_job("/u/hb", "succeeded");
+    assert_eq!(s["preemption_count"], 1, "{s}");
+    let a = c.attempts("/u/hb/0");
+    assert_eq!(a[0]["state"], 7, "{a:?}");
+    assert!(
+        a[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("heartbeat timeout")),
+        "{a:?}"
+    );
+    assert_eq!(a[1]["state"], 4, "{a:?}");
+    assert!(
+        a[0]["finished_at_ms"].as_i64() <= a[1]["started_at_ms"].as_i64(),
+        "{a:?}"
+    );
+    assert_eq!(
+        log_lines(c.iris(&["job", "logs", "/u/hb"]).ok()),
+        vec!["done /u/hb/0:1"]
+    );
+}
+
 /// Submits a 2-replica blocking job on w0 alone, adds w1, and `kill -9`s w0.
 fn two_replicas_then_kill_w0(c: &mut TestCluster, job: &str, flags: &[&str]) -> Vec<u32> {
     let pidfile = c.path(&format!("{job}.pids"));

@@ -47,6 +47,20 @@ impl Identity {
     }
 }
 
+tokio::task_local! {
+    static CALLER: Identity;
+}
+
+/// Runs `f` with `id` as the caller visible to handlers through [`caller`].
+pub async fn with_caller<F: std::future::Future>(id: Identity, f: F) -> F::Output {
+    CALLER.scope(id, f).await
+}
+
+/// The caller of the RPC being handled (the anonymous admin outside a request).
+pub fn caller() -> Identity {
+    CALLER.try_with(|c| c.clone()).unwrap_or_else(|_| Identity::anonymous_admin())
+}
+
 fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

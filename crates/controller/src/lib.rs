@@ -59,6 +59,8 @@ pub struct ControllerConfig {
     pub checkpoint_max_age: Duration,
     /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
     pub restore_checkpoint: Option<String>,
+    /// `auth.*`; `None`: null-auth, every caller is the anonymous admin.
+    pub auth: Option<auth::AuthConfig>,
 }
 
 impl ControllerConfig {
@@ -67,6 +69,7 @@ impl ControllerConfig {
             state_dir,
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             revision_date: None,
+            auth: None,
             worker_grace: Duration::from_secs(10),
             reconcile_interval: Duration::from_secs(1),
             groups: Vec::new(),
@@ -87,6 +90,8 @@ pub(crate) struct Admission {
     pub constraints: Vec<iris_scheduler::Constraint>,
     pub user: String,
     pub t: i64,
+    /// An admin's SYSTEM/PRODUCTION submission with auth on skips the `max_band` ceiling.
+    pub skip_band_ceiling: bool,
     pub reply: tokio::sync::oneshot::Sender<Result<iris_proto::cluster::controller::LaunchJobResponse, RpcError>>,
 }
 
@@ -102,6 +107,7 @@ pub struct Controller {
     db: Mutex<Connection>,
     logs: Mutex<Connection>,
     readonly: Mutex<Connection>,
+    verifier: Option<iris_auth::Verifier>,
     /// The tick's snapshot reader (WAL: reads never block the writer).
     snap: Mutex<Connection>,
     wake: Notify,
@@ -147,11 +153,16 @@ impl Controller {
             iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
         let snap = iris_store::open(&db_path).context("opening snapshot connection")?;
         let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
+        let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
+        if cfg.auth.is_some() {
+            tracing::info!("auth enabled");
+        }
         let ctl = Arc::new_cyclic(|me| Controller {
             cfg,
             db: Mutex::new(db),
             logs: Mutex::new(logs),
             readonly: Mutex::new(readonly),
+            verifier,
             snap: Mutex::new(snap),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),

@@ -31,6 +31,7 @@ pub fn router(ctl: Ctl) -> Router {
             "/health",
             get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
         )
+        .route("/.well-known/jwks.json", get(jwks))
         .route("/blobs/{sha}", get(get_blob))
         .route("/bundles/{file}", get(get_bundle_zip))
         .route("/internal/worker-poke/{worker}", post(poke_worker))
@@ -40,6 +41,13 @@ pub fn router(ctl: Ctl) -> Router {
         )
         .route("/{service}/{method}", post(dispatch))
         .with_state(ctl)
+}
+
+async fn jwks(State(ctl): State<Ctl>) -> Response {
+    match &ctl.verifier {
+        Some(v) => axum::Json(v.jwks()).into_response(),
+        None => axum::Json(serde_json::json!({"keys": []})).into_response(),
+    }
 }
 
 async fn poke_worker(State(ctl): State<Ctl>, Path(worker): Path<String>) -> StatusCode {
@@ -71,6 +79,32 @@ async fn get_bundle_zip(state: State<Ctl>, Path(file): Path<String>) -> Response
 async fn dispatch(
     State(ctl): State<Ctl>,
     Path((service, method)): Path<(String, String)>,
+    req: axum::extract::Request,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    let identity = match crate::auth::authenticate(
+        ctl.cfg.auth.as_ref(),
+        ctl.verifier.as_ref(),
+        &headers,
+        peer,
+    )
+    .and_then(|id| crate::auth::authorize(&id, &service, &method).map(|()| id))
+    {
+        Ok(id) => id,
+        Err(e) => return e.into_response(),
+    };
+    crate::auth::with_caller(identity, dispatch_inner(ctl, service, method, headers, body)).await
+}
+
+async fn dispatch_inner(
+    ctl: Ctl,
+    service: String,
+    method: String,
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
@@ -170,6 +204,8 @@ impl Controller {
     ) -> Result<c::LaunchJobResponse, RpcError> {
         let name =
             JobName::parse(&req.name).map_err(|e| RpcError::invalid(format!("name: {e}")))?;
+        let name = self.authorize_submission(name, req.priority_band)?;
+        req.name = name.to_string();
         if req.replicas == 0 {
             req.replicas = 1;
         }
@@ -264,9 +300,23 @@ impl Controller {
                 req.bundle_id
             )));
         }
+        let skip_band_ceiling = self.cfg.auth.is_some()
+            && crate::auth::caller().is_admin()
+            && matches!(
+                Band::from_code(req.priority_band),
+                Some(Band::System) | Some(Band::Production)
+            );
         let (reply, rx) = tokio::sync::oneshot::channel();
         self.admissions
-            .send(crate::Admission { name, req, constraints, user, t, reply })
+            .send(crate::Admission {
+                name,
+                req,
+                constraints,
+                user,
+                t,
+                skip_band_ceiling,
+                reply,
+            })
             .map_err(|_| RpcError::new(Code::Unavailable, "controller is shutting down"))?;
         rx.await
             .map_err(|_| RpcError::new(Code::Unavailable, "controller is shutting down"))?
@@ -302,7 +352,16 @@ impl Controller {
                 results.push((a.reply, Err(internal(e)), None));
                 continue;
             }
-            let r = self.admit(&tx, a.name, a.req, &a.constraints, a.user, a.t, &workers);
+            let r = self.admit(
+                &tx,
+                a.name,
+                a.req,
+                &a.constraints,
+                a.user,
+                a.t,
+                &workers,
+                a.skip_band_ceiling,
+            );
             let sp = if r.is_ok() {
                 tx.prepare_cached("RELEASE admit").and_then(|mut st| st.execute([]))
             } else {
@@ -353,6 +412,7 @@ impl Controller {
         user: String,
         t: i64,
         workers: &[iris_scheduler::Worker],
+        skip_band_ceiling: bool,
     ) -> Result<(c::LaunchJobResponse, Option<(bool, String, Arc<JobSpec>)>), RpcError> {
         let res = req.resources.clone().unwrap_or_default();
         // Band resolution and authorization.
@@ -387,7 +447,9 @@ impl Controller {
                 ))
             })?,
         };
-        if parent.is_none() || parent_band.map(|pb| band.outranks(pb)).unwrap_or(true) {
+        if !skip_band_ceiling
+            && (parent.is_none() || parent_band.map(|pb| band.outranks(pb)).unwrap_or(true))
+        {
             let max_band: i32 = conn
                 .prepare_cached("SELECT max_band FROM user_budgets WHERE user_id = ?1")
                 .and_then(|mut st| st.query_row([&user], |r| r.get(0)).optional())
@@ -584,10 +646,54 @@ impl Controller {
         Ok(c::GetJobStateResponse { states })
     }
 
+    /// Auth rules for a submission (reference §2.4): non-admin root jobs are renamed to
+    /// `/<caller>/<name>`; children need the parent's owner (a task token: its own job);
+    /// SYSTEM and PRODUCTION need an admin, except a task's child at its parent's band.
+    fn authorize_submission(&self, name: JobName, band_code: i32) -> Result<JobName, RpcError> {
+        if self.cfg.auth.is_none() {
+            return Ok(name);
+        }
+        let caller = crate::auth::caller();
+        if caller.is_admin() {
+            return Ok(name);
+        }
+        let elevated = matches!(Band::from_code(band_code), Some(Band::System) | Some(Band::Production));
+        match (&caller.role, name.parent()) {
+            (iris_auth::Role::Task, None) => Err(RpcError::new(
+                Code::PermissionDenied,
+                "a task token may only submit child jobs under its own job",
+            )),
+            (iris_auth::Role::Task, Some(parent)) => {
+                crate::auth::check_owner(&caller, parent.as_str(), "submit a child of")?;
+                Ok(name)
+            }
+            (_, parent) => {
+                if elevated {
+                    return Err(RpcError::new(
+                        Code::PermissionDenied,
+                        "submitting at priority system or production requires the admin role; use --priority interactive or batch",
+                    ));
+                }
+                match parent {
+                    Some(p) => {
+                        crate::auth::check_owner(&caller, p.as_str(), "submit a child of")?;
+                        Ok(name)
+                    }
+                    None if name.user() == caller.user_id => Ok(name),
+                    None => {
+                        let job = name.as_str().trim_start_matches('/').split_once('/').map(|x| x.1).unwrap_or("");
+                        JobName::root(&caller.user_id, job).map_err(|e| RpcError::invalid(format!("name: {e}")))
+                    }
+                }
+            }
+        }
+    }
+
     pub(crate) async fn terminate_job(
         &self,
         req: c::TerminateJobRequest,
     ) -> Result<job::Empty, RpcError> {
+        crate::auth::check_owner(&crate::auth::caller(), &req.job_id, "cancel")?;
         let mut conn = self.db();
         let tx = conn.transaction().map_err(internal)?;
         let found = ops::kill_subtree(
@@ -612,6 +718,7 @@ impl Controller {
         &self,
         req: c::CompleteJobRequest,
     ) -> Result<job::Empty, RpcError> {
+        crate::auth::check_owner(&crate::auth::caller(), &req.job_id, "complete")?;
         let mut conn = self.db();
         let tx = conn.transaction().map_err(internal)?;
         if !ops::complete_job(&tx, &req.job_id, now()).map_err(internal)? {
@@ -731,6 +838,10 @@ impl Controller {
         &self,
         req: c::KickTasksRequest,
     ) -> Result<c::KickTasksResponse, RpcError> {
+        let caller = crate::auth::caller();
+        for t in &req.targets {
+            crate::auth::check_owner(&caller, t, "kick")?;
+        }
         let desired = TaskState::from_code(req.desired_state);
         if !matches!(
             desired,
@@ -976,10 +1087,11 @@ impl Controller {
         &self,
         _req: job::GetCurrentUserRequest,
     ) -> Result<job::GetCurrentUserResponse, RpcError> {
+        let c = crate::auth::caller();
         Ok(job::GetCurrentUserResponse {
-            user_id: "anonymous".into(),
-            role: "admin".into(),
-            display_name: "anonymous".into(),
+            display_name: c.user_id.clone(),
+            user_id: c.user_id,
+            role: c.role.name().into(),
         })
     }
 

@@ -60,7 +60,12 @@ async fn submit(url: &str, jobs: usize) -> anyhow::Result<()> {
 }
 
 /// Times `n` sequential GETs of `path`; returns sorted latencies and the body size.
-async fn time_page(http: &reqwest::Client, base: &str, path: &str, n: usize) -> anyhow::Result<(Vec<f64>, usize)> {
+async fn time_page(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    n: usize,
+) -> anyhow::Result<(Vec<f64>, usize)> {
     let mut lat = Vec::with_capacity(n);
     let mut size = 0;
     for _ in 0..n {
@@ -81,7 +86,11 @@ fn main() -> anyhow::Result<()> {
         .position(|a| a == "--jobs")
         .and_then(|i| args.get(i + 1))
         .and_then(|n| n.parse().ok())
-        .unwrap_or(if args.iter().any(|a| a == "--bench") { 10_000 } else { 300 });
+        .unwrap_or(if args.iter().any(|a| a == "--bench") {
+            10_000
+        } else {
+            300
+        });
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(run(jobs))
 }
@@ -97,7 +106,8 @@ async fn run(jobs: usize) -> anyhow::Result<()> {
         "submitted {jobs} pending jobs in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    let (addr, dash) = iris_dashboard::serve(url, std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let (addr, dash) =
+        iris_dashboard::serve(url, std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await?;
     let base = format!("http://{addr}");
     let http = reqwest::Client::new();
     let runs = 30;
@@ -127,6 +137,28 @@ async fn run(jobs: usize) -> anyhow::Result<()> {
         anyhow::ensure!(size < 200_000, "{path} is {size} bytes");
     }
     println!("jobs page: worst median {worst_jobs_median:.1} ms (target < 100 ms)");
+    // Where the filtered page's time goes: the controller's ListJobs alone, over the same loopback.
+    let api = iris_dashboard::Api::new(&format!("http://{}", ctl.addr))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for state in ["", "pending"] {
+        let mut lat = Vec::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            api.list_jobs(c::JobQuery {
+                state_filter: state.into(),
+                limit: 50,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        lat.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "  ListJobs RPC alone, state_filter={state:?}: median {:.1} ms",
+            lat[lat.len() / 2]
+        );
+    }
     dash.shutdown().await;
     ctl.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);

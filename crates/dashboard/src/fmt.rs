@@ -82,11 +82,15 @@ pub fn cores(m: i64) -> String {
 }
 
 pub fn job_state(code: i32) -> &'static str {
-    JobState::from_code(code).map(|s| s.friendly()).unwrap_or("unknown")
+    JobState::from_code(code)
+        .map(|s| s.friendly())
+        .unwrap_or("unknown")
 }
 
 pub fn task_state(code: i32) -> &'static str {
-    TaskState::from_code(code).map(|s| s.friendly()).unwrap_or("unknown")
+    TaskState::from_code(code)
+        .map(|s| s.friendly())
+        .unwrap_or("unknown")
 }
 
 pub fn band(code: i32) -> &'static str {

@@ -50,7 +50,10 @@ impl Shutdown {
 
 /// Serves the dashboard for the controller at `controller_url` on `bind` (port 0: any free
 /// port). Returns the bound address and the handle that stops it.
-pub async fn serve(controller_url: String, bind: SocketAddr) -> anyhow::Result<(SocketAddr, Shutdown)> {
+pub async fn serve(
+    controller_url: String,
+    bind: SocketAddr,
+) -> anyhow::Result<(SocketAddr, Shutdown)> {
     let api = Api::new(&controller_url).map_err(|e| anyhow::anyhow!("dashboard client: {e}"))?;
     let listener = tokio::net::TcpListener::bind(bind)
         .await
@@ -164,7 +167,11 @@ pub async fn jobs(
         Ok(r) => (StatusCode::OK, Ok(r)),
         Err(e) => (status_of(e), Err(e.message.as_str())),
     };
-    respond(&headers, pages::jobs_page(&f, list, &counts, now_ms()), status)
+    respond(
+        &headers,
+        pages::jobs_page(&f, list, &counts, now_ms()),
+        status,
+    )
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -423,7 +430,13 @@ const SCHEDULER_TASKS_PER_JOB: usize = 20;
 async fn scheduler(State(api): State<Api>, headers: HeaderMap) -> Response {
     let st = match api.scheduler_state().await {
         Ok(s) => s,
-        Err(e) => return respond(&headers, pages::scheduler_page(Err(&e.message), &BTreeMap::new()), status_of(&e)),
+        Err(e) => {
+            return respond(
+                &headers,
+                pages::scheduler_page(Err(&e.message), &BTreeMap::new()),
+                status_of(&e),
+            )
+        }
     };
     let mut jobs: Vec<String> = Vec::new();
     for b in &st.pending_buckets {
@@ -447,7 +460,11 @@ async fn scheduler(State(api): State<Api>, headers: HeaderMap) -> Response {
             .collect();
         pending.insert(j.clone(), v);
     }
-    respond(&headers, pages::scheduler_page(Ok(&st), &pending), StatusCode::OK)
+    respond(
+        &headers,
+        pages::scheduler_page(Ok(&st), &pending),
+        StatusCode::OK,
+    )
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -469,7 +486,11 @@ async fn query(
     let r = api.query(sql).await;
     let ms = t0.elapsed().as_secs_f64() * 1000.0;
     match &r {
-        Ok(t) => respond(&headers, pages::query_page(sql, Some(Ok(t)), ms), StatusCode::OK),
+        Ok(t) => respond(
+            &headers,
+            pages::query_page(sql, Some(Ok(t)), ms),
+            StatusCode::OK,
+        ),
         Err(e) => respond(
             &headers,
             pages::query_page(sql, Some(Err(&e.message)), ms),

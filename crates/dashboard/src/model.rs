@@ -59,8 +59,12 @@ impl Hold {
 pub fn advertised(w: &c::WorkerHealthStatus) -> (String, String, i64) {
     let md = w.metadata.clone().unwrap_or_default();
     match md.device.and_then(|d| d.device) {
-        Some(Device::Gpu(g)) if g.count > 0 => ("gpu".into(), g.variant.to_lowercase(), g.count as i64),
-        Some(Device::Tpu(t)) if t.count > 0 => ("tpu".into(), t.variant.to_lowercase(), t.count as i64),
+        Some(Device::Gpu(g)) if g.count > 0 => {
+            ("gpu".into(), g.variant.to_lowercase(), g.count as i64)
+        }
+        Some(Device::Tpu(t)) if t.count > 0 => {
+            ("tpu".into(), t.variant.to_lowercase(), t.count as i64)
+        }
         _ => ("cpu".into(), "cpu".into(), md.cpu_count as i64),
     }
 }
@@ -89,7 +93,11 @@ impl Variant {
         if self.kind == "cpu" {
             "CPU cores".into()
         } else {
-            format!("{} {}", self.variant.to_uppercase(), self.kind.to_uppercase())
+            format!(
+                "{} {}",
+                self.variant.to_uppercase(),
+                self.kind.to_uppercase()
+            )
         }
     }
 }

@@ -134,7 +134,9 @@ pub fn error_page(nav: Nav, title: &str, msg: &str) -> Page {
 
 fn time_cell(now: i64, ms: Option<i64>) -> Markup {
     match ms.filter(|m| *m > 0) {
-        Some(m) => html! { time datetime=(fmt::iso(m)) title=(fmt::ts(Some(m))) { (fmt::ago(now, m)) } },
+        Some(m) => {
+            html! { time datetime=(fmt::iso(m)) title=(fmt::ts(Some(m))) { (fmt::ago(now, m)) } }
+        }
         None => html! { "—" },
     }
 }
@@ -201,7 +203,10 @@ impl JobsFilter {
         }
         let n = self.name.trim();
         if !n.is_empty() {
-            w.push(format!("instr(name, {}) > 0", fmt::sql_str(&n.to_lowercase())));
+            w.push(format!(
+                "instr(name, {}) > 0",
+                fmt::sql_str(&n.to_lowercase())
+            ));
         }
         format!(
             "SELECT state, count(*) AS n FROM jobs WHERE {} GROUP BY state",
@@ -309,9 +314,8 @@ pub fn jobs_page(
             let page = f.page();
             let first = (page as i64 - 1) * JOBS_PER_PAGE as i64;
             let shown = r.jobs.len() as i64;
-            let last_page = ((r.total_count as i64 + JOBS_PER_PAGE as i64 - 1)
-                / JOBS_PER_PAGE as i64)
-                .max(1);
+            let last_page =
+                ((r.total_count as i64 + JOBS_PER_PAGE as i64 - 1) / JOBS_PER_PAGE as i64).max(1);
             // ListJobs refuses offsets past 5000.
             let max_page = 5000 / JOBS_PER_PAGE as i64 + 1;
             html! {

@@ -56,7 +56,11 @@ pub fn state_bar(counts: &[(String, i64)], width: u32) -> Markup {
     let segs: Vec<(&str, i64, f64, f64)> = ordered
         .iter()
         .map(|(s, n)| {
-            let seg = if total > 0 { w * *n as f64 / total as f64 } else { 0.0 };
+            let seg = if total > 0 {
+                w * *n as f64 / total as f64
+            } else {
+                0.0
+            };
             let at = x;
             x += seg;
             (*s, *n, at, seg)

@@ -154,8 +154,14 @@ fn job_page_shows_tasks_timeline_and_children() {
             state: if i == 0 { 5 } else { 3 },
             exit_code: 1,
             worker_id: "w0".into(),
-            error: if i == 0 { "Exit code: 1".into() } else { String::new() },
-            started_at: Some(Timestamp { epoch_ms: NOW - 20_000 }),
+            error: if i == 0 {
+                "Exit code: 1".into()
+            } else {
+                String::new()
+            },
+            started_at: Some(Timestamp {
+                epoch_ms: NOW - 20_000,
+            }),
             ..Default::default()
         })
         .collect();
@@ -231,8 +237,12 @@ fn task_page_shows_attempts_events_and_logs() {
                 exit_code: 3,
                 error: "Exit code: 3".into(),
                 attempt_uid: "0123456789abcdef".into(),
-                started_at: Some(Timestamp { epoch_ms: NOW - 5000 }),
-                finished_at: Some(Timestamp { epoch_ms: NOW - 1000 }),
+                started_at: Some(Timestamp {
+                    epoch_ms: NOW - 5000,
+                }),
+                finished_at: Some(Timestamp {
+                    epoch_ms: NOW - 1000,
+                }),
                 ..Default::default()
             }],
             ..Default::default()
@@ -297,10 +307,16 @@ fn logs_page_shows_a_rejected_regex_as_an_error() {
 fn logs_page_with_a_full_tail_stays_under_the_size_budget() {
     let lines: Vec<fl::LogEntry> = (0..pages::MAX_LOG_LINES)
         .map(|i| fl::LogEntry {
-            data: format!("rank{} step {i} train/loss={:.4} lr=3e-4 tokens/s=123456", i % 8, 1.0 / (i + 1) as f64),
+            data: format!(
+                "rank{} step {i} train/loss={:.4} lr=3e-4 tokens/s=123456",
+                i % 8,
+                1.0 / (i + 1) as f64
+            ),
             source: "stdout".into(),
             key: "/u/j/0:0".into(),
-            timestamp: Some(fl::Timestamp { epoch_ms: NOW + i as i64 }),
+            timestamp: Some(fl::Timestamp {
+                epoch_ms: NOW + i as i64,
+            }),
             ..Default::default()
         })
         .collect();
@@ -411,6 +427,10 @@ fn scheduler_and_query_pages_render() {
     };
     let html = full(&pages::query_page("SELECT 1", Some(Ok(&t)), 1.5));
     assert!(html.contains(r#"<th scope="col">state</th>"#));
-    let html = full(&pages::query_page("SELEC", Some(Err("sql: syntax error")), 0.1));
+    let html = full(&pages::query_page(
+        "SELEC",
+        Some(Err("sql: syntax error")),
+        0.1,
+    ));
     assert!(html.contains("syntax error"));
 }

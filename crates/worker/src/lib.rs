@@ -53,6 +53,8 @@ struct Attempt {
     error: String,
     pgid: Option<i32>,
     stop_requested: bool,
+    /// Stopped by the worker itself after losing the controller (ends WORKER_FAILED).
+    abandoned: bool,
 }
 
 struct Inner {
@@ -109,6 +111,20 @@ fn kill_all(inner: &Inner) {
     }
 }
 
+/// The controller has been unreachable past the heartbeat timeout: stop every live attempt.
+/// Each ends WORKER_FAILED, so the controller reruns it under the preemption budget.
+fn abandon_all(inner: &Inner) {
+    for a in lock(&inner.attempts).values_mut() {
+        if !terminal(a.state) {
+            a.stop_requested = true;
+            a.abandoned = true;
+            if let Some(pg) = a.pgid {
+                kill_group(pg);
+            }
+        }
+    }
+}
+
 fn kill_group(pgid: i32) {
     use nix::sys::signal::{killpg, Signal};
     use nix::unistd::Pid;
@@ -123,7 +139,11 @@ pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
         .await
         .with_context(|| format!("binding worker to {}", cfg.bind))?;
     let addr = listener.local_addr()?;
-    let rpc = iris_rpc::Client::new(&cfg.controller_url).map_err(|e| anyhow::anyhow!(e.message))?;
+    // With auth on, the worker presents its token (minted with `iris user token mint
+    // system:worker --role worker`) on Register and PushLogs.
+    let rpc = iris_rpc::Client::new(&cfg.controller_url)
+        .map_err(|e| anyhow::anyhow!(e.message))?
+        .with_token(std::env::var("IRIS_WORKER_TOKEN").ok());
     let inner = Arc::new(Inner {
         attempts: Mutex::new(HashMap::new()),
         last_reconcile: Mutex::new(Instant::now()),
@@ -259,7 +279,7 @@ async fn registration_loop(
                 tracing::warn!(
                     "no reconcile within the heartbeat timeout; killing tasks and re-registering"
                 );
-                kill_all(&inner);
+                abandon_all(&inner);
                 break;
             }
         }
@@ -364,6 +384,7 @@ fn reconcile(
                                     error: String::new(),
                                     pgid: None,
                                     stop_requested: false,
+                                    abandoned: false,
                                 },
                             );
                             let inner2 = inner.clone();
@@ -750,10 +771,18 @@ async fn execute(
     if let Some(pg) = pgid {
         kill_group(pg);
     }
-    let stopped = lock(&inner.attempts)
+    let (stopped, abandoned) = lock(&inner.attempts)
         .get(uid)
-        .map(|a| a.stop_requested)
-        .unwrap_or(false);
+        .map(|a| (a.stop_requested, a.abandoned))
+        .unwrap_or((false, false));
+    if abandoned {
+        return Ok((
+            WORKER_FAILED,
+            status.code().unwrap_or(-1),
+            "Killed by the worker: no reconcile from the controller within the heartbeat timeout"
+                .into(),
+        ));
+    }
     if stopped {
         return Ok((
             KILLED,

@@ -83,6 +83,8 @@ pub struct WorkerSpec {
     pub cpu: u32,
     pub device: Option<String>,
     pub attributes: Vec<(String, String)>,
+    /// `--heartbeat-timeout` seconds (default 30).
+    pub heartbeat_timeout: u32,
 }
 
 impl WorkerSpec {
@@ -91,7 +93,12 @@ impl WorkerSpec {
             cpu,
             device: None,
             attributes: Vec::new(),
+            heartbeat_timeout: 30,
         }
+    }
+    pub fn heartbeat_timeout(mut self, secs: u32) -> WorkerSpec {
+        self.heartbeat_timeout = secs;
+        self
     }
     pub fn device(mut self, d: &str) -> WorkerSpec {
         self.device = Some(d.to_string());
@@ -346,7 +353,7 @@ impl TestCluster {
             "--memory",
             "16GB",
             "--heartbeat-timeout",
-            "30",
+            &w.heartbeat_timeout.to_string(),
         ])
         .arg("--cache-dir")
         .arg(self.root.path().join("cache").join(&id));
