@@ -3,5 +3,6 @@
 # 127.0.0.1), then the published Python client driving our controller.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash crates/dashboard/ci/install-browser.sh
 cargo test --workspace --all-targets
 bash tests/compat/run.sh

@@ -68,14 +68,21 @@ impl Keypair {
         let pem = signing
             .to_pkcs8_pem(Default::default())
             .map_err(|e| AuthError::BadKey(e.to_string()))?;
-        let encoding = EncodingKey::from_ed_pem(pem.as_bytes()).map_err(|e| AuthError::BadKey(e.to_string()))?;
+        let encoding = EncodingKey::from_ed_pem(pem.as_bytes())
+            .map_err(|e| AuthError::BadKey(e.to_string()))?;
         let kid = thumbprint(&signing.verifying_key());
-        Ok(Keypair { signing, kid, encoding })
+        Ok(Keypair {
+            signing,
+            kid,
+            encoding,
+        })
     }
 
     /// Loads a PKCS#8 PEM private key.
     pub fn from_pem(pem: &str) -> Result<Self, AuthError> {
-        let signing = SigningKey::from_pkcs8_pem(pem.trim()).map_err(|e| AuthError::BadKey(format!("not an Ed25519 PKCS#8 PEM private key: {e}")))?;
+        let signing = SigningKey::from_pkcs8_pem(pem.trim()).map_err(|e| {
+            AuthError::BadKey(format!("not an Ed25519 PKCS#8 PEM private key: {e}"))
+        })?;
         Self::from_signing(signing)
     }
 
@@ -84,7 +91,10 @@ impl Keypair {
     pub fn private_pem(&self) -> Result<String, AuthError> {
         use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
         use ed25519_dalek::pkcs8::EncodePrivateKey as _;
-        let bytes = ed25519_dalek::pkcs8::KeypairBytes { secret_key: self.signing.to_bytes(), public_key: None };
+        let bytes = ed25519_dalek::pkcs8::KeypairBytes {
+            secret_key: self.signing.to_bytes(),
+            public_key: None,
+        };
         bytes
             .to_pkcs8_pem(LineEnding::LF)
             .map(|z| z.to_string())
@@ -108,7 +118,18 @@ impl Keypair {
     }
 
     /// Mints a token. `extra` claims cannot override `iss`, `aud`, `iat`, `exp`.
-    pub fn mint(&self, iss: &str, aud: &str, sub: &str, role: &str, ttl_secs: u64, now_secs: u64, extra: BTreeMap<String, serde_json::Value>) -> Result<String, AuthError> {
+    // Every argument is a distinct claim; a builder would only rename them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mint(
+        &self,
+        iss: &str,
+        aud: &str,
+        sub: &str,
+        role: &str,
+        ttl_secs: u64,
+        now_secs: u64,
+        extra: BTreeMap<String, serde_json::Value>,
+    ) -> Result<String, AuthError> {
         let mut claims = serde_json::Map::new();
         for (k, v) in extra {
             if !matches!(k.as_str(), "iss" | "aud" | "iat" | "exp") {
@@ -124,12 +145,16 @@ impl Keypair {
         if !claims.contains_key("jti") {
             let mut b = [0u8; 12];
             rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
-            claims.insert("jti".into(), format!("iris_k_{role}_{}", hex::encode(b)).into());
+            claims.insert(
+                "jti".into(),
+                format!("iris_k_{role}_{}", hex::encode(b)).into(),
+            );
         }
         let mut header = Header::new(Algorithm::EdDSA);
         header.kid = Some(self.kid.clone());
         header.typ = Some("JWT".into());
-        jsonwebtoken::encode(&header, &claims, &self.encoding).map_err(|e| AuthError::Signing(e.to_string()))
+        jsonwebtoken::encode(&header, &claims, &self.encoding)
+            .map_err(|e| AuthError::Signing(e.to_string()))
     }
 }
 
@@ -138,15 +163,24 @@ fn unreachable_key() -> Keypair {
     // Encoding a freshly generated Ed25519 key as PKCS#8 cannot fail; if it ever does, a second
     // fresh key is the only sensible answer.
     let signing = SigningKey::generate(&mut rand::rngs::OsRng);
-    let pem = signing.to_pkcs8_pem(Default::default()).map(|z| z.to_string()).unwrap_or_default();
-    let encoding = EncodingKey::from_ed_pem(pem.as_bytes()).unwrap_or_else(|_| EncodingKey::from_secret(b""));
+    let pem = signing
+        .to_pkcs8_pem(Default::default())
+        .map(|z| z.to_string())
+        .unwrap_or_default();
+    let encoding =
+        EncodingKey::from_ed_pem(pem.as_bytes()).unwrap_or_else(|_| EncodingKey::from_secret(b""));
     let kid = thumbprint(&signing.verifying_key());
-    Keypair { signing, kid, encoding }
+    Keypair {
+        signing,
+        kid,
+        encoding,
+    }
 }
 
 /// Parses an SPKI PEM public key.
 pub fn public_from_pem(pem: &str) -> Result<VerifyingKey, AuthError> {
-    VerifyingKey::from_public_key_pem(pem.trim()).map_err(|e| AuthError::BadKey(format!("not an Ed25519 public key PEM: {e}")))
+    VerifyingKey::from_public_key_pem(pem.trim())
+        .map_err(|e| AuthError::BadKey(format!("not an Ed25519 public key PEM: {e}")))
 }
 
 /// Verified claims.
@@ -179,12 +213,18 @@ pub struct Verifier {
 
 impl Verifier {
     pub fn new(audiences: &[&str]) -> Self {
-        Verifier { issuers: BTreeMap::new(), audiences: audiences.iter().map(|s| s.to_string()).collect() }
+        Verifier {
+            issuers: BTreeMap::new(),
+            audiences: audiences.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     /// Trusts `key` for tokens issued by `issuer`.
     pub fn trust(&mut self, issuer: &str, key: VerifyingKey) {
-        self.issuers.entry(issuer.to_string()).or_default().push((thumbprint(&key), key));
+        self.issuers
+            .entry(issuer.to_string())
+            .or_default()
+            .push((thumbprint(&key), key));
     }
 
     /// The JWKS document for every trusted key.
@@ -206,19 +246,39 @@ impl Verifier {
         if token.len() > 16 * 1024 {
             return Err(AuthError::BadToken("token is too large".into()));
         }
-        let header = jsonwebtoken::decode_header(token).map_err(|e| AuthError::BadToken(e.to_string()))?;
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| AuthError::BadToken(e.to_string()))?;
         if header.alg != Algorithm::EdDSA {
-            return Err(AuthError::BadToken(format!("algorithm {:?} is not accepted (EdDSA only)", header.alg)));
+            return Err(AuthError::BadToken(format!(
+                "algorithm {:?} is not accepted (EdDSA only)",
+                header.alg
+            )));
         }
         // Read the (unverified) issuer only to choose keys; every claim is re-checked after the
         // signature verifies.
-        let payload = token.split('.').nth(1).ok_or_else(|| AuthError::BadToken("not a JWT".into()))?;
-        let raw = B64.decode(payload).map_err(|_| AuthError::BadToken("payload is not base64url".into()))?;
-        let unverified: serde_json::Value = serde_json::from_slice(&raw).map_err(|_| AuthError::BadToken("payload is not JSON".into()))?;
-        let iss = unverified.get("iss").and_then(|v| v.as_str()).ok_or_else(|| AuthError::BadToken("missing iss".into()))?;
-        let keys = self.issuers.get(iss).ok_or_else(|| AuthError::UnknownIssuer(iss.to_string()))?;
+        let payload = token
+            .split('.')
+            .nth(1)
+            .ok_or_else(|| AuthError::BadToken("not a JWT".into()))?;
+        let raw = B64
+            .decode(payload)
+            .map_err(|_| AuthError::BadToken("payload is not base64url".into()))?;
+        let unverified: serde_json::Value = serde_json::from_slice(&raw)
+            .map_err(|_| AuthError::BadToken("payload is not JSON".into()))?;
+        let iss = unverified
+            .get("iss")
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| AuthError::BadToken("missing iss".into()))?;
+        let keys = self
+            .issuers
+            .get(iss)
+            .ok_or_else(|| AuthError::UnknownIssuer(iss.to_string()))?;
         let ordered: Vec<&VerifyingKey> = match &header.kid {
-            Some(kid) if keys.iter().any(|(k, _)| k == kid) => keys.iter().filter(|(k, _)| k == kid).map(|(_, v)| v).collect(),
+            Some(kid) if keys.iter().any(|(k, _)| k == kid) => keys
+                .iter()
+                .filter(|(k, _)| k == kid)
+                .map(|(_, v)| v)
+                .collect(),
             _ => keys.iter().map(|(_, v)| v).collect(),
         };
         let mut validation = Validation::new(Algorithm::EdDSA);
@@ -247,7 +307,9 @@ impl Verifier {
                 }
                 Err(e) => {
                     last = match e.kind() {
-                        jsonwebtoken::errors::ErrorKind::InvalidSignature => AuthError::BadSignature(iss.to_string()),
+                        jsonwebtoken::errors::ErrorKind::InvalidSignature => {
+                            AuthError::BadSignature(iss.to_string())
+                        }
                         jsonwebtoken::errors::ErrorKind::InvalidAudience => AuthError::BadAudience,
                         other => AuthError::BadToken(format!("{other:?}")),
                     };
@@ -298,29 +360,56 @@ impl Role {
 
 /// The dashboard role's read-only allowlist.
 pub const DASHBOARD_METHODS: &[&str] = &[
-    "GetJobStatus", "GetJobState", "ListJobs", "GetTaskStatus", "ListTasks", "GetProcessStatus", "ListWorkers",
-    "GetWorkerStatus", "ListEndpoints", "GetAutoscalerStatus", "GetSchedulerState", "GetKubernetesClusterStatus",
-    "ListBackends", "ListPeers", "GetCurrentUser", "ListUsers", "GetUserBudget", "ListUserBudgets",
+    "GetJobStatus",
+    "GetJobState",
+    "ListJobs",
+    "GetTaskStatus",
+    "ListTasks",
+    "GetProcessStatus",
+    "ListWorkers",
+    "GetWorkerStatus",
+    "ListEndpoints",
+    "GetAutoscalerStatus",
+    "GetSchedulerState",
+    "GetKubernetesClusterStatus",
+    "ListBackends",
+    "ListPeers",
+    "GetCurrentUser",
+    "ListUsers",
+    "GetUserBudget",
+    "ListUserBudgets",
 ];
 
 /// Whether `addr` lies in `cidr` (`a.b.c.d/n` or an IPv6 prefix).
 pub fn cidr_contains(cidr: &str, addr: std::net::IpAddr) -> Result<bool, String> {
-    let (net, bits) = cidr.split_once('/').ok_or_else(|| format!("{cidr:?} is not a CIDR (a.b.c.d/n)"))?;
-    let bits: u32 = bits.parse().map_err(|_| format!("{cidr:?}: bad prefix length"))?;
+    let (net, bits) = cidr
+        .split_once('/')
+        .ok_or_else(|| format!("{cidr:?} is not a CIDR (a.b.c.d/n)"))?;
+    let bits: u32 = bits
+        .parse()
+        .map_err(|_| format!("{cidr:?}: bad prefix length"))?;
     let net: std::net::IpAddr = net.parse().map_err(|_| format!("{cidr:?}: bad address"))?;
     Ok(match (net, addr) {
         (std::net::IpAddr::V4(n), std::net::IpAddr::V4(a)) => {
             if bits > 32 {
                 return Err(format!("{cidr:?}: prefix over 32"));
             }
-            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - bits)
+            };
             u32::from(n) & mask == u32::from(a) & mask
         }
         (std::net::IpAddr::V6(n), std::net::IpAddr::V6(a)) => {
             if bits > 128 {
                 return Err(format!("{cidr:?}: prefix over 128"));
             }
-            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - bits)
+            };
             u128::from(n) & mask == u128::from(a) & mask
         }
         _ => false,
@@ -334,7 +423,10 @@ pub fn submitter_allowed(patterns: &[String], who: &str) -> bool {
             return who != "local_admin";
         }
         if let Some(domain) = p.strip_prefix("*@") {
-            return who.rsplit_once('@').map(|(_, d)| d.eq_ignore_ascii_case(domain)).unwrap_or(false);
+            return who
+                .rsplit_once('@')
+                .map(|(_, d)| d.eq_ignore_ascii_case(domain))
+                .unwrap_or(false);
         }
         p == who
     })

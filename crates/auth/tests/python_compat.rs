@@ -9,7 +9,10 @@ const PY_TOKEN: &str = include_str!("fixtures/python_token.txt");
 const PY_KID: &str = include_str!("fixtures/python_kid.txt");
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -18,7 +21,9 @@ fn python_token_verifies_with_our_verifier() {
     assert_eq!(thumbprint(&public), PY_KID.trim());
     let mut v = Verifier::new(&["iris", "iris-proxy"]);
     v.trust("compat-cluster", public);
-    let c = v.verify(PY_TOKEN.trim(), now()).expect("python token verifies");
+    let c = v
+        .verify(PY_TOKEN.trim(), now())
+        .expect("python token verifies");
     assert_eq!(c.sub, "alice");
     assert_eq!(c.role, "user");
     assert_eq!(c.iss, "compat-cluster");

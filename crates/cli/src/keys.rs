@@ -34,7 +34,8 @@ pub fn resolve_secret(reference: &str) -> anyhow::Result<String> {
         return std::fs::read_to_string(p).with_context(|| format!("reading signing key {p}"));
     }
     if let Some(v) = reference.strip_prefix("env:") {
-        return std::env::var(v).with_context(|| format!("signing key: environment variable {v} is not set"));
+        return std::env::var(v)
+            .with_context(|| format!("signing key: environment variable {v} is not set"));
     }
     anyhow::bail!("signing key {reference:?}: use file:PATH or env:VAR")
 }
@@ -49,7 +50,9 @@ pub fn parse_ttl(s: &str) -> anyhow::Result<u64> {
         Some('d') => (&t[..t.len() - 1], 86400),
         _ => (t, 1),
     };
-    let n: u64 = num.parse().map_err(|_| anyhow::anyhow!("--ttl {s:?}: expected a number with s, m, h or d (e.g. 7d)"))?;
+    let n: u64 = num.parse().map_err(|_| {
+        anyhow::anyhow!("--ttl {s:?}: expected a number with s, m, h or d (e.g. 7d)")
+    })?;
     if n == 0 {
         anyhow::bail!("--ttl must be positive");
     }
@@ -81,7 +84,12 @@ fn write_private(p: &std::path::Path, pem: &str) -> anyhow::Result<()> {
         .create_new(true)
         .mode(0o600)
         .open(p)
-        .with_context(|| format!("creating {} (refusing to overwrite an existing key)", p.display()))?;
+        .with_context(|| {
+            format!(
+                "creating {} (refusing to overwrite an existing key)",
+                p.display()
+            )
+        })?;
     f.write_all(pem.as_bytes())?;
     Ok(())
 }
@@ -89,32 +97,26 @@ fn write_private(p: &std::path::Path, pem: &str) -> anyhow::Result<()> {
 pub fn mint(a: MintArgs) -> anyhow::Result<i32> {
     let user = iris_types::ids::validate_user(&a.user).map_err(anyhow::Error::msg)?;
     let ttl = parse_ttl(&a.ttl)?;
-    let key = iris_auth::Keypair::from_pem(&resolve_secret(&a.signing_key)?).map_err(anyhow::Error::msg)?;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
-    let token = key.mint(&a.issuer, "iris", &user, &a.role, ttl, now, BTreeMap::new()).map_err(anyhow::Error::msg)?;
+    let key = iris_auth::Keypair::from_pem(&resolve_secret(&a.signing_key)?)
+        .map_err(anyhow::Error::msg)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let token = key
+        .mint(&a.issuer, "iris", &user, &a.role, ttl, now, BTreeMap::new())
+        .map_err(anyhow::Error::msg)?;
     println!("{token}");
     Ok(0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls() {
-        assert_eq!(parse_ttl("7d").ok(), Some(7 * 86400));
-        assert_eq!(parse_ttl("90m").ok(), Some(5400));
-        assert_eq!(parse_ttl("3600").ok(), Some(3600));
-        assert!(parse_ttl("soon").is_err());
-        assert!(parse_ttl("0").is_err());
-    }
-}
-
 /// Builds the controller's auth settings from the config's `auth:` section.
-pub fn auth_from_config(cfg: &crate::config::ClusterConfig) -> anyhow::Result<Option<iris_controller::auth::AuthConfig>> {
+pub fn auth_from_config(
+    cfg: &crate::config::ClusterConfig,
+) -> anyhow::Result<Option<iris_controller::auth::AuthConfig>> {
     let Some(a) = &cfg.auth else { return Ok(None) };
     let keypair = match a.signing_key.as_deref().filter(|s| !s.is_empty()) {
-        Some(r) => iris_auth::Keypair::from_pem(&resolve_secret(r)?).map_err(|e| anyhow::anyhow!("auth.signing_key: {e}"))?,
+        Some(r) => iris_auth::Keypair::from_pem(&resolve_secret(r)?)
+            .map_err(|e| anyhow::anyhow!("auth.signing_key: {e}"))?,
         None => {
             eprintln!("WARNING: auth.signing_key is not set: using an EPHEMERAL signing key. Every token (workers', users') dies with this process; set auth.signing_key (iris cluster init-keys --out-file F) for a real deployment.");
             iris_auth::Keypair::generate()
@@ -122,14 +124,20 @@ pub fn auth_from_config(cfg: &crate::config::ClusterConfig) -> anyhow::Result<Op
     };
     let mut previous = Vec::new();
     for (i, pem) in a.previous_public_keys.iter().enumerate() {
-        previous.push(iris_auth::public_from_pem(pem).map_err(|e| anyhow::anyhow!("auth.previous_public_keys[{i}]: {e}"))?);
+        previous.push(
+            iris_auth::public_from_pem(pem)
+                .map_err(|e| anyhow::anyhow!("auth.previous_public_keys[{i}]: {e}"))?,
+        );
     }
     for (i, c) in a.trusted_cidrs.iter().enumerate() {
-        iris_auth::cidr_contains(c, std::net::IpAddr::from([127, 0, 0, 1])).map_err(|e| anyhow::anyhow!("auth.trusted_cidrs[{i}]: {e}"))?;
+        iris_auth::cidr_contains(c, std::net::IpAddr::from([127, 0, 0, 1]))
+            .map_err(|e| anyhow::anyhow!("auth.trusted_cidrs[{i}]: {e}"))?;
     }
     for (user, role) in &a.user_roles {
         if !matches!(role.as_str(), "admin" | "user" | "dashboard") {
-            anyhow::bail!("auth.user_roles.{user}: unknown role {role:?} (admin, user or dashboard)");
+            anyhow::bail!(
+                "auth.user_roles.{user}: unknown role {role:?} (admin, user or dashboard)"
+            );
         }
     }
     let provider = a.provider.as_deref().unwrap_or("");
@@ -137,7 +145,11 @@ pub fn auth_from_config(cfg: &crate::config::ClusterConfig) -> anyhow::Result<Op
         anyhow::bail!("auth.provider: unknown provider {provider:?} (token, cidr or iap)");
     }
     Ok(Some(iris_controller::auth::AuthConfig {
-        issuer: cfg.name.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "iris".into()),
+        issuer: cfg
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "iris".into()),
         keypair,
         previous_public_keys: previous,
         enforcing: !provider.is_empty() || !a.trusted_cidrs.is_empty(),
@@ -150,7 +162,10 @@ pub fn auth_from_config(cfg: &crate::config::ClusterConfig) -> anyhow::Result<Op
 
 /// Where `iris login --token` keeps the token.
 pub fn token_path() -> std::path::PathBuf {
-    dirs::config_dir().unwrap_or_else(std::env::temp_dir).join("iris").join("token")
+    dirs::config_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("iris")
+        .join("token")
 }
 
 /// The token the CLI sends: `MARIN_CLUSTER_TOKEN`, else the one stored by `iris login`.
@@ -158,7 +173,12 @@ pub fn cli_token() -> Option<String> {
     std::env::var("MARIN_CLUSTER_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty())
-        .or_else(|| std::fs::read_to_string(token_path()).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string(token_path())
+                .ok()
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        })
 }
 
 /// `iris login --token T`: stores the token (mode 0600) for later commands.
@@ -174,4 +194,18 @@ pub fn login(token: &str) -> anyhow::Result<i32> {
     write_private(&p, token)?;
     println!("Stored token in {}", p.display());
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls() {
+        assert_eq!(parse_ttl("7d").ok(), Some(7 * 86400));
+        assert_eq!(parse_ttl("90m").ok(), Some(5400));
+        assert_eq!(parse_ttl("3600").ok(), Some(3600));
+        assert!(parse_ttl("soon").is_err());
+        assert!(parse_ttl("0").is_err());
+    }
 }

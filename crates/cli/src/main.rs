@@ -38,7 +38,7 @@ struct Cli {
 enum Cmd {
     /// Submit and manage jobs.
     #[command(subcommand)]
-    Job(JobCmd),
+    Job(Box<JobCmd>),
     /// Inspect and act on tasks.
     #[command(subcommand)]
     Task(TaskCmd),
@@ -83,7 +83,7 @@ enum Cmd {
 #[derive(Subcommand)]
 enum JobCmd {
     /// Submit a job and (by default) stream its logs until it ends.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List jobs, newest first.
     List {
         #[arg(long)]
@@ -379,7 +379,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Login { token } => keys::login(&token),
-        Cmd::Job(j) => job_cmd(j, url).await,
+        Cmd::Job(j) => job_cmd(*j, url).await,
         Cmd::Task(t) => task_cmd(t, url).await,
         Cmd::Attempt(a) => attempt_cmd(a, url).await,
         Cmd::Query { sql, format } => {
@@ -403,10 +403,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             if let Some(t) = keys::cli_token() {
                 rb = rb.header("authorization", format!("Bearer {t}"));
             }
-            let resp = rb
-                .send()
-                .await
-                .with_context(|| format!("calling {m}"))?;
+            let resp = rb.send().await.with_context(|| format!("calling {m}"))?;
             let ok = resp.status().is_success();
             let text = resp.text().await?;
             let pretty = serde_json::from_str::<serde_json::Value>(&text)
@@ -461,23 +458,6 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn system_reason_rules() {
-        let sys = iris_types::Band::System.code();
-        assert!(check_system_reason(sys, None).is_err());
-        assert!(check_system_reason(sys, Some("urgent")).is_err());
-        assert!(check_system_reason(sys, Some("heroic")).is_err());
-        assert!(check_system_reason(sys, Some("Hero run for the paper")).is_ok());
-        assert!(check_system_reason(sys, Some("iris: log server")).is_ok());
-        assert!(check_system_reason(2, Some("hero")).is_err());
-        assert!(check_system_reason(2, None).is_ok());
     }
 }
 
@@ -588,7 +568,7 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         None => 0,
     };
     check_system_reason(band, a.system_reason.as_deref())?;
-    if a.env.len() % 2 != 0 {
+    if !a.env.len().is_multiple_of(2) {
         bail!(
             "-e/--env-vars takes KEY VALUE pairs: missing the value for {:?}",
             a.env.last()
@@ -1213,5 +1193,22 @@ async fn attempt_cmd(a: AttemptCmd, url: Option<String>) -> anyhow::Result<i32> 
         }
         AttemptCmd::Preempt(b) => kick(&cl, &b, 10).await,
         AttemptCmd::Fail(b) => kick(&cl, &b, 5).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_reason_rules() {
+        let sys = iris_types::Band::System.code();
+        assert!(check_system_reason(sys, None).is_err());
+        assert!(check_system_reason(sys, Some("urgent")).is_err());
+        assert!(check_system_reason(sys, Some("heroic")).is_err());
+        assert!(check_system_reason(sys, Some("Hero run for the paper")).is_ok());
+        assert!(check_system_reason(sys, Some("iris: log server")).is_ok());
+        assert!(check_system_reason(2, Some("hero")).is_err());
+        assert!(check_system_reason(2, None).is_ok());
     }
 }

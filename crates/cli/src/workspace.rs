@@ -99,7 +99,7 @@ pub fn bundle(
             std::fs::read(dir.join(f)).with_context(|| format!("reading {}", f.display()))?;
         total += data.len();
         if total > MAX_BUNDLE * 4 {
-            anyhow::bail!("workspace is too large to ship (over {} MiB before compression); use --exclude or --no-bundle", MAX_BUNDLE * 4 >> 20);
+            anyhow::bail!("workspace is too large to ship (over {} MiB before compression); use --exclude or --no-bundle", (MAX_BUNDLE * 4) >> 20);
         }
         w.start_file(f.to_string_lossy(), opts)?;
         w.write_all(&data)?;

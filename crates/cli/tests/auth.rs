@@ -16,7 +16,10 @@ use std::time::Duration;
 fn start_proxy(upstream: &str) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
     let addr = listener.local_addr().expect("addr");
-    let upstream = upstream.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let upstream = upstream
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             let up = upstream.clone();
@@ -29,51 +32,63 @@ fn start_proxy(upstream: &str) -> String {
 }
 
 fn serve_conn(client: TcpStream, upstream: &str) -> std::io::Result<()> {
+    // One request per connection: the proxy forces `Connection: close` both ways.
     let mut reader = BufReader::new(client.try_clone()?);
     let mut client = client;
+    let mut head = Vec::new();
+    let mut len = 0usize;
     loop {
-        let mut head = Vec::new();
-        let mut len = 0usize;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line)? == 0 {
-                return Ok(());
-            }
-            let lower = line.to_ascii_lowercase();
-            if let Some(v) = lower.strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-            if lower.starts_with("connection:") {
-                continue;
-            }
-            if line == "\r\n" {
-                head.extend_from_slice(b"X-Forwarded-For: 203.0.113.9\r\nConnection: close\r\n\r\n");
-                break;
-            }
-            head.extend_from_slice(line.as_bytes());
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
         }
-        let mut body = vec![0u8; len];
-        reader.read_exact(&mut body)?;
-        let mut up = TcpStream::connect(upstream)?;
-        up.write_all(&head)?;
-        up.write_all(&body)?;
-        let mut resp = Vec::new();
-        up.read_to_end(&mut resp)?;
-        client.write_all(&resp)?;
-        client.flush()?;
-        return Ok(());
+        let lower = line.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+        if lower.starts_with("connection:") {
+            continue;
+        }
+        if line == "\r\n" {
+            head.extend_from_slice(b"X-Forwarded-For: 203.0.113.9\r\nConnection: close\r\n\r\n");
+            break;
+        }
+        head.extend_from_slice(line.as_bytes());
     }
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body)?;
+    let mut up = TcpStream::connect(upstream)?;
+    up.write_all(&head)?;
+    up.write_all(&body)?;
+    let mut resp = Vec::new();
+    up.read_to_end(&mut resp)?;
+    client.write_all(&resp)?;
+    client.flush()
 }
 
 fn http_get(url: &str, path: &str) -> (u16, String) {
     let hostport = url.trim_start_matches("http://").trim_end_matches('/');
     let mut s = TcpStream::connect(hostport).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n").expect("send");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
     let mut resp = String::new();
     s.read_to_string(&mut resp).expect("read");
-    let status = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, resp.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default())
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (
+        status,
+        resp.split_once("\r\n\r\n")
+            .map(|x| x.1.to_string())
+            .unwrap_or_default(),
+    )
 }
 
 struct Env {
@@ -84,7 +99,10 @@ struct Env {
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 impl Env {
@@ -96,22 +114,37 @@ impl Env {
             .arg(&key_path)
             .output()
             .expect("init-keys");
-        assert!(out.status.success(), "init-keys: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "init-keys: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(stdout.contains("kid: "), "{stdout}");
-        let key = iris_auth::Keypair::from_pem(&std::fs::read_to_string(&key_path).expect("key")).expect("load key");
+        let key = iris_auth::Keypair::from_pem(&std::fs::read_to_string(&key_path).expect("key"))
+            .expect("load key");
         let yaml = format!(
             "name: authtest\nauth:\n  provider: token\n  signing_key: file:{}\n  admin_users: [root]\n  user_roles: {{viewer: dashboard}}\n{extra_auth}",
             key_path.display()
         );
         let cluster = TestCluster::start_with_config(&[WorkerSpec::cpu(4)], Some(&yaml));
         let proxy = start_proxy(&cluster.url);
-        Env { cluster, proxy, key, home }
+        Env {
+            cluster,
+            proxy,
+            key,
+            home,
+        }
     }
 
     fn token(&self, sub: &str, role: &str, aud: &str, iat: u64, extra: &[(&str, &str)]) -> String {
-        let extra: BTreeMap<String, serde_json::Value> = extra.iter().map(|(k, v)| (k.to_string(), (*v).into())).collect();
-        self.key.mint("authtest", aud, sub, role, 3600, iat, extra).expect("mint")
+        let extra: BTreeMap<String, serde_json::Value> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), (*v).into()))
+            .collect();
+        self.key
+            .mint("authtest", aud, sub, role, 3600, iat, extra)
+            .expect("mint")
     }
 
     fn user(&self, sub: &str, role: &str) -> String {
@@ -132,7 +165,11 @@ impl Env {
             c.env("MARIN_CLUSTER_TOKEN", t);
         }
         let o = c.output().expect("run iris");
-        (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
     }
 }
 
@@ -149,13 +186,28 @@ fn enforcing_controller_behind_a_proxy() {
     assert!(!ok && err.contains("unauthenticated"), "{err}");
     // Another key, expired, wrong audience, tampered → unauthenticated.
     let other = iris_auth::Keypair::generate();
-    let forged = other.mint("authtest", "iris", "alice", "user", 3600, now(), BTreeMap::new()).expect("mint");
+    let forged = other
+        .mint(
+            "authtest",
+            "iris",
+            "alice",
+            "user",
+            3600,
+            now(),
+            BTreeMap::new(),
+        )
+        .expect("mint");
     let expired = env.token("alice", "user", "iris", now() - 3 * 3600, &[]);
     let wrong_aud = env.token("alice", "user", "federation", now(), &[]);
     let good = env.user("alice", "user");
     let parts: Vec<&str> = good.split('.').collect();
     let tampered = format!("{}.{}x.{}", parts[0], parts[1], parts[2]);
-    for (what, t) in [("forged", &forged), ("expired", &expired), ("wrong audience", &wrong_aud), ("tampered", &tampered)] {
+    for (what, t) in [
+        ("forged", &forged),
+        ("expired", &expired),
+        ("wrong audience", &wrong_aud),
+        ("tampered", &tampered),
+    ] {
         let (ok, _, err) = env.iris(Some(t), &["job", "list"]);
         assert!(!ok && err.contains("unauthenticated"), "{what}: {err}");
     }
@@ -164,31 +216,100 @@ fn enforcing_controller_behind_a_proxy() {
     let bob = env.user("bob", "user");
     let root = env.user("root", "user");
     // Alice submits (a root name for someone else is renamed to hers), lists and cancels her job.
-    let (ok, out, err) = env.iris(Some(&alice), &["job", "run", "--no-wait", "--no-bundle", "--user", "mallory", "--job-name", "a1", "--", "sleep", "30"]);
+    let (ok, out, err) = env.iris(
+        Some(&alice),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "mallory",
+            "--job-name",
+            "a1",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "/alice/a1");
     let (ok, out, _) = env.iris(Some(&alice), &["job", "list"]);
     assert!(ok && out.contains("/alice/a1"), "{out}");
-    let (ok, out, err) = env.iris(Some(&bob), &["job", "run", "--no-wait", "--no-bundle", "--user", "bob", "--job-name", "b1", "--", "sleep", "30"]);
+    let (ok, out, err) = env.iris(
+        Some(&bob),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "bob",
+            "--job-name",
+            "b1",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
     assert!(ok && out.trim() == "/bob/b1", "{err}");
     // Alice may not cancel Bob's job, and the refusal is the same for a job that does not exist.
     let (ok, _, err) = env.iris(Some(&alice), &["job", "cancel", "/bob/b1"]);
     assert!(!ok && err.contains("permission_denied"), "{err}");
     let (ok, _, err2) = env.iris(Some(&alice), &["job", "cancel", "/bob/nothing"]);
     assert!(!ok && err2.contains("permission_denied"), "{err2}");
-    assert_eq!(env.cluster.job_state("/bob/b1").as_deref().map(|s| s != "killed"), Some(true));
+    assert_eq!(
+        env.cluster
+            .job_state("/bob/b1")
+            .as_deref()
+            .map(|s| s != "killed"),
+        Some(true)
+    );
     let (ok, _, err) = env.iris(Some(&alice), &["job", "cancel", "/alice/a1"]);
     assert!(ok, "{err}");
     // Alice cannot query or submit PRODUCTION.
     let (ok, _, err) = env.iris(Some(&alice), &["query", "SELECT count(*) FROM jobs"]);
     assert!(!ok && err.contains("permission_denied"), "{err}");
-    let (ok, _, err) = env.iris(Some(&alice), &["job", "run", "--no-wait", "--no-bundle", "--priority", "production", "--job-name", "p", "--", "true"]);
+    let (ok, _, err) = env.iris(
+        Some(&alice),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--priority",
+            "production",
+            "--job-name",
+            "p",
+            "--",
+            "true",
+        ],
+    );
     assert!(!ok && err.contains("permission_denied"), "{err}");
     // An admin can.
-    let (ok, out, err) = env.iris(Some(&root), &["query", "SELECT count(*) FROM jobs", "-f", "csv"]);
+    let (ok, out, err) = env.iris(
+        Some(&root),
+        &["query", "SELECT count(*) FROM jobs", "-f", "csv"],
+    );
     assert!(ok, "{err}");
     assert!(out.lines().count() == 2, "{out}");
-    let (ok, _, err) = env.iris(Some(&root), &["job", "run", "--no-wait", "--no-bundle", "--user", "root", "--priority", "production", "--job-name", "p", "--", "true"]);
+    let (ok, _, err) = env.iris(
+        Some(&root),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "root",
+            "--priority",
+            "production",
+            "--job-name",
+            "p",
+            "--",
+            "true",
+        ],
+    );
     assert!(ok, "{err}");
     let (ok, _, err) = env.iris(Some(&root), &["job", "cancel", "/bob/b1"]);
     assert!(ok, "{err}");
@@ -196,10 +317,28 @@ fn enforcing_controller_behind_a_proxy() {
     let viewer = env.user("viewer", "user");
     let (ok, _, err) = env.iris(Some(&viewer), &["job", "list"]);
     assert!(ok, "{err}");
-    let (ok, _, err) = env.iris(Some(&viewer), &["job", "run", "--no-wait", "--no-bundle", "--user", "viewer", "--", "true"]);
+    let (ok, _, err) = env.iris(
+        Some(&viewer),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "viewer",
+            "--",
+            "true",
+        ],
+    );
     assert!(!ok && err.contains("permission_denied"), "{err}");
     // An endpoint token can call no RPC.
-    let ep = env.token("endpoint:x", "endpoint", "iris-proxy", now(), &[("scope", "proxy"), ("endpoint", "/x")]);
+    let ep = env.token(
+        "endpoint:x",
+        "endpoint",
+        "iris-proxy",
+        now(),
+        &[("scope", "proxy"), ("endpoint", "/x")],
+    );
     let (ok, _, err) = env.iris(Some(&ep), &["job", "list"]);
     assert!(!ok && err.contains("permission_denied"), "{err}");
     // GetCurrentUser reports the caller.
@@ -211,9 +350,30 @@ fn enforcing_controller_behind_a_proxy() {
 fn task_token_submits_children_only_under_its_job() {
     let env = Env::start("");
     let root = env.user("root", "user");
-    let (ok, _, err) = env.iris(Some(&root), &["job", "run", "--no-wait", "--no-bundle", "--user", "alice", "--job-name", "parent", "--", "sleep", "30"]);
+    let (ok, _, err) = env.iris(
+        Some(&root),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "alice",
+            "--job-name",
+            "parent",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
     assert!(ok, "{err}");
-    let task = env.token("alice", "task", "iris", now(), &[("job_id", "/alice/parent")]);
+    let task = env.token(
+        "alice",
+        "task",
+        "iris",
+        now(),
+        &[("job_id", "/alice/parent")],
+    );
     let run_child = |job: &str| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_iris"));
         c.current_dir(&env.cluster.ws)
@@ -221,19 +381,61 @@ fn task_token_submits_children_only_under_its_job() {
             .env("XDG_CONFIG_HOME", env.home.path())
             .env("MARIN_CLUSTER_TOKEN", &task)
             .env("IRIS_TASK_ID", format!("{job}/0:0"))
-            .args(["--controller-url", &env.proxy, "job", "run", "--no-wait", "--no-bundle", "--job-name", "kid", "--", "true"]);
+            .args([
+                "--controller-url",
+                &env.proxy,
+                "job",
+                "run",
+                "--no-wait",
+                "--no-bundle",
+                "--job-name",
+                "kid",
+                "--",
+                "true",
+            ]);
         let o = c.output().expect("run");
-        (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
     };
     let (ok, out, err) = run_child("/alice/parent");
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "/alice/parent/kid");
-    let (ok2, out2, err2) = env.iris(Some(&root), &["job", "run", "--no-wait", "--no-bundle", "--user", "alice", "--job-name", "other", "--", "sleep", "30"]);
+    let (ok2, out2, err2) = env.iris(
+        Some(&root),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "alice",
+            "--job-name",
+            "other",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
     assert!(ok2, "{out2}{err2}");
     let (ok, _, err) = run_child("/alice/other");
     assert!(!ok && err.contains("permission_denied"), "{err}");
     // And no root submissions.
-    let (ok, _, err) = env.iris(Some(&task), &["job", "run", "--no-wait", "--no-bundle", "--job-name", "rootjob", "--", "true"]);
+    let (ok, _, err) = env.iris(
+        Some(&task),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--job-name",
+            "rootjob",
+            "--",
+            "true",
+        ],
+    );
     assert!(!ok && err.contains("permission_denied"), "{err}");
 }
 
@@ -241,9 +443,22 @@ fn task_token_submits_children_only_under_its_job() {
 fn rotation_keeps_old_tokens_valid_only_when_listed() {
     let mut env = Env::start("");
     let old = iris_auth::Keypair::generate();
-    let old_token = old.mint("authtest", "iris", "alice", "user", 3600, now(), BTreeMap::new()).expect("mint");
+    let old_token = old
+        .mint(
+            "authtest",
+            "iris",
+            "alice",
+            "user",
+            3600,
+            now(),
+            BTreeMap::new(),
+        )
+        .expect("mint");
     let (ok, _, err) = env.iris(Some(&old_token), &["job", "list"]);
-    assert!(!ok && err.contains("unauthenticated"), "a rotated-out key must not verify: {err}");
+    assert!(
+        !ok && err.contains("unauthenticated"),
+        "a rotated-out key must not verify: {err}"
+    );
     // Restart with the old public key in previous_public_keys: the old token verifies again.
     let pem = old.public_pem().expect("pem");
     let indented: String = pem.lines().map(|l| format!("    {l}\n")).collect();

@@ -218,6 +218,19 @@ async fn dashboard_in_a_real_browser() {
         .await;
     }
     shot(&c, "01-jobs").await;
+    // Keyboard: the first Tab lands on the skip link, which leads to the content.
+    c.find(Locator::Css("body"))
+        .await
+        .expect("body")
+        .send_keys("\u{E004}")
+        .await
+        .expect("tab");
+    wait_js(
+        &c,
+        "the skip link to take focus",
+        "return document.activeElement && document.activeElement.classList.contains('skip');",
+    )
+    .await;
 
     // Click through: job → task → logs.
     c.find(Locator::LinkText(&chatty))

@@ -613,18 +613,15 @@ fn checkpoint_restore_and_rollback() {
 fn periodic_checkpoints_are_pruned_by_age() {
     let remote_dir = tempfile::tempdir().expect("remote");
     let remote = remote_dir.path().to_path_buf();
-    let r = remote.to_str().expect("utf8");
+    // The remote state dir comes from the cluster config's `storage` section.
+    let yaml = format!(
+        "storage:\n  remote_state_dir: {}\n",
+        serde_json::to_string(remote.to_str().expect("utf8")).expect("quote")
+    );
     let c = TestCluster::start_with_args(
         &[],
-        None,
-        &[
-            "--remote-state-dir",
-            r,
-            "--checkpoint-interval",
-            "0.3",
-            "--checkpoint-max-age",
-            "1",
-        ],
+        Some(&yaml),
+        &["--checkpoint-interval", "0.3", "--checkpoint-max-age", "1"],
     );
     let dirs = || -> Vec<i64> {
         let mut v: Vec<i64> = std::fs::read_dir(remote.join("controller-state"))

@@ -40,7 +40,12 @@ pub struct Identity {
 
 impl Identity {
     pub fn anonymous_admin() -> Self {
-        Identity { user_id: "anonymous".into(), role: Role::Admin, job_id: None, anonymous: true }
+        Identity {
+            user_id: "anonymous".into(),
+            role: Role::Admin,
+            job_id: None,
+            anonymous: true,
+        }
     }
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
@@ -58,11 +63,16 @@ pub async fn with_caller<F: std::future::Future>(id: Identity, f: F) -> F::Outpu
 
 /// The caller of the RPC being handled (the anonymous admin outside a request).
 pub fn caller() -> Identity {
-    CALLER.try_with(|c| c.clone()).unwrap_or_else(|_| Identity::anonymous_admin())
+    CALLER
+        .try_with(|c| c.clone())
+        .unwrap_or_else(|_| Identity::anonymous_admin())
 }
 
 fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// The verifier for the control plane: our issuer (and `iris`) with current + previous keys.
@@ -81,11 +91,22 @@ fn bearer(headers: &HeaderMap) -> Option<Result<String, RpcError>> {
     let v = headers.get("authorization")?;
     let s = match v.to_str() {
         Ok(s) => s,
-        Err(_) => return Some(Err(RpcError::new(Code::Unauthenticated, "authorization header is not valid text"))),
+        Err(_) => {
+            return Some(Err(RpcError::new(
+                Code::Unauthenticated,
+                "authorization header is not valid text",
+            )))
+        }
     };
-    match s.strip_prefix("Bearer ").or_else(|| s.strip_prefix("bearer ")) {
+    match s
+        .strip_prefix("Bearer ")
+        .or_else(|| s.strip_prefix("bearer "))
+    {
         Some(t) if !t.trim().is_empty() => Some(Ok(t.trim().to_string())),
-        _ => Some(Err(RpcError::new(Code::Unauthenticated, "authorization header must be `Bearer <token>`"))),
+        _ => Some(Err(RpcError::new(
+            Code::Unauthenticated,
+            "authorization header must be `Bearer <token>`",
+        ))),
     }
 }
 
@@ -102,12 +123,25 @@ fn resolve_role(cfg: &AuthConfig, sub: &str, claimed: &str) -> Role {
     Role::parse(claimed).unwrap_or(Role::User)
 }
 
-fn identity_from_token(cfg: &AuthConfig, verifier: &Verifier, token: &str) -> Result<Identity, RpcError> {
+fn identity_from_token(
+    cfg: &AuthConfig,
+    verifier: &Verifier,
+    token: &str,
+) -> Result<Identity, RpcError> {
     let c = verifier
         .verify(token, now_secs())
         .map_err(|e| RpcError::new(Code::Unauthenticated, format!("invalid token: {e}")))?;
-    let role = if c.aud == "iris-proxy" { Role::Endpoint } else { resolve_role(cfg, &c.sub, &c.role) };
-    Ok(Identity { user_id: c.sub, role, job_id: c.job_id, anonymous: false })
+    let role = if c.aud == "iris-proxy" {
+        Role::Endpoint
+    } else {
+        resolve_role(cfg, &c.sub, &c.role)
+    };
+    Ok(Identity {
+        user_id: c.sub,
+        role,
+        job_id: c.job_id,
+        anonymous: false,
+    })
 }
 
 /// Whether the transport peer may be trusted as the anonymous admin.
@@ -120,7 +154,11 @@ fn trusted_peer(cfg: &AuthConfig, headers: &HeaderMap, peer: Option<SocketAddr>)
         return false;
     }
     let ip = peer.ip();
-    ip.is_loopback() || cfg.trusted_cidrs.iter().any(|c| iris_auth::cidr_contains(c, ip).unwrap_or(false))
+    ip.is_loopback()
+        || cfg
+            .trusted_cidrs
+            .iter()
+            .any(|c| iris_auth::cidr_contains(c, ip).unwrap_or(false))
 }
 
 /// Authenticates a request.
@@ -156,7 +194,16 @@ pub fn authenticate(
 
 /// Method-level authorization by role. Per-object rules (ownership) are checked in handlers.
 pub fn authorize(id: &Identity, service: &str, method: &str) -> Result<(), RpcError> {
-    let deny = |why: &str| Err(RpcError::new(Code::PermissionDenied, format!("{method} requires {why} (you are {} with role {})", id.user_id, id.role.name())));
+    let deny = |why: &str| {
+        Err(RpcError::new(
+            Code::PermissionDenied,
+            format!(
+                "{method} requires {why} (you are {} with role {})",
+                id.user_id,
+                id.role.name()
+            ),
+        ))
+    };
     let log_read = service == "finelog.logging.LogService" && method == "FetchLogs";
     match id.role {
         Role::Admin => Ok(()),
@@ -190,7 +237,11 @@ pub fn check_owner(id: &Identity, job_id: &str, action: &str) -> Result<(), RpcE
     if id.is_admin() {
         return Ok(());
     }
-    let user = job_id.trim_start_matches('/').split('/').next().unwrap_or("");
+    let user = job_id
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("");
     let owns = match (&id.role, &id.job_id) {
         (Role::Task, Some(j)) => job_id == j || job_id.starts_with(&format!("{j}/")),
         (Role::Task, None) => false,
@@ -232,7 +283,9 @@ mod tests {
     }
 
     fn token(c: &AuthConfig, sub: &str, role: &str) -> String {
-        c.keypair.mint("c1", "iris", sub, role, 600, now_secs(), BTreeMap::new()).expect("mint")
+        c.keypair
+            .mint("c1", "iris", sub, role, 600, now_secs(), BTreeMap::new())
+            .expect("mint")
     }
 
     #[test]
@@ -242,23 +295,75 @@ mod tests {
         let remote: SocketAddr = "192.0.2.7:5555".parse().expect("addr");
         let lo: SocketAddr = "127.0.0.1:5555".parse().expect("addr");
         // Nothing from a remote peer: unauthenticated.
-        assert_eq!(authenticate(Some(&c), Some(&v), &headers(&[]), Some(remote)).map_err(|e| e.code), Err(Code::Unauthenticated));
+        assert_eq!(
+            authenticate(Some(&c), Some(&v), &headers(&[]), Some(remote)).map_err(|e| e.code),
+            Err(Code::Unauthenticated)
+        );
         // Loopback direct peer: anonymous admin; behind a proxy: not.
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[]), Some(lo)).expect("ok").is_admin());
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[("x-forwarded-for", "1.2.3.4")]), Some(lo)).is_err());
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[]), Some("127.0.0.1:0".parse().expect("addr"))).is_err());
+        assert!(authenticate(Some(&c), Some(&v), &headers(&[]), Some(lo))
+            .expect("ok")
+            .is_admin());
+        assert!(authenticate(
+            Some(&c),
+            Some(&v),
+            &headers(&[("x-forwarded-for", "1.2.3.4")]),
+            Some(lo)
+        )
+        .is_err());
+        assert!(authenticate(
+            Some(&c),
+            Some(&v),
+            &headers(&[]),
+            Some("127.0.0.1:0".parse().expect("addr"))
+        )
+        .is_err());
         // Trusted CIDR.
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[]), Some("10.2.3.4:999".parse().expect("addr"))).is_ok());
+        assert!(authenticate(
+            Some(&c),
+            Some(&v),
+            &headers(&[]),
+            Some("10.2.3.4:999".parse().expect("addr"))
+        )
+        .is_ok());
         // A valid token wins; an invalid one is never downgraded, even from loopback.
         let t = token(&c, "alice", "user");
-        let id = authenticate(Some(&c), Some(&v), &headers(&[("authorization", &format!("Bearer {t}"))]), Some(remote)).expect("ok");
+        let id = authenticate(
+            Some(&c),
+            Some(&v),
+            &headers(&[("authorization", &format!("Bearer {t}"))]),
+            Some(remote),
+        )
+        .expect("ok");
         assert_eq!((id.user_id.as_str(), id.role), ("alice", Role::User));
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[("authorization", "Bearer junk")]), Some(lo)).is_err());
+        assert!(authenticate(
+            Some(&c),
+            Some(&v),
+            &headers(&[("authorization", "Bearer junk")]),
+            Some(lo)
+        )
+        .is_err());
         // Config roles override.
         let t = token(&c, "root", "user");
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[("authorization", &format!("Bearer {t}"))]), Some(remote)).expect("ok").is_admin());
+        assert!(authenticate(
+            Some(&c),
+            Some(&v),
+            &headers(&[("authorization", &format!("Bearer {t}"))]),
+            Some(remote)
+        )
+        .expect("ok")
+        .is_admin());
         let t = token(&c, "viewer", "user");
-        assert_eq!(authenticate(Some(&c), Some(&v), &headers(&[("authorization", &format!("Bearer {t}"))]), Some(remote)).expect("ok").role, Role::Dashboard);
+        assert_eq!(
+            authenticate(
+                Some(&c),
+                Some(&v),
+                &headers(&[("authorization", &format!("Bearer {t}"))]),
+                Some(remote)
+            )
+            .expect("ok")
+            .role,
+            Role::Dashboard
+        );
     }
 
     #[test]
@@ -266,25 +371,59 @@ mod tests {
         let c = cfg(false);
         let v = control_plane_verifier(&c);
         let remote: SocketAddr = "192.0.2.7:5555".parse().expect("addr");
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[("authorization", "Bearer junk")]), Some(remote)).expect("ok").is_admin());
+        assert!(authenticate(
+            Some(&c),
+            Some(&v),
+            &headers(&[("authorization", "Bearer junk")]),
+            Some(remote)
+        )
+        .expect("ok")
+        .is_admin());
         let t = token(&c, "alice", "user");
-        assert_eq!(authenticate(Some(&c), Some(&v), &headers(&[("authorization", &format!("Bearer {t}"))]), Some(remote)).expect("ok").user_id, "alice");
-        assert!(authenticate(None, None, &headers(&[]), None).expect("ok").is_admin());
+        assert_eq!(
+            authenticate(
+                Some(&c),
+                Some(&v),
+                &headers(&[("authorization", &format!("Bearer {t}"))]),
+                Some(remote)
+            )
+            .expect("ok")
+            .user_id,
+            "alice"
+        );
+        assert!(authenticate(None, None, &headers(&[]), None)
+            .expect("ok")
+            .is_admin());
     }
 
     #[test]
     fn roles_and_ownership() {
-        let alice = Identity { user_id: "alice".into(), role: Role::User, job_id: None, anonymous: false };
+        let alice = Identity {
+            user_id: "alice".into(),
+            role: Role::User,
+            job_id: None,
+            anonymous: false,
+        };
         assert!(authorize(&alice, "iris.cluster.ControllerService", "LaunchJob").is_ok());
         assert!(authorize(&alice, "iris.cluster.ControllerService", "ExecuteRawQuery").is_err());
-        let dash = Identity { role: Role::Dashboard, ..alice.clone() };
+        let dash = Identity {
+            role: Role::Dashboard,
+            ..alice.clone()
+        };
         assert!(authorize(&dash, "iris.cluster.ControllerService", "ListJobs").is_ok());
         assert!(authorize(&dash, "iris.cluster.ControllerService", "LaunchJob").is_err());
-        let ep = Identity { role: Role::Endpoint, ..alice.clone() };
+        let ep = Identity {
+            role: Role::Endpoint,
+            ..alice.clone()
+        };
         assert!(authorize(&ep, "iris.cluster.ControllerService", "ListJobs").is_err());
         assert!(check_owner(&alice, "/alice/train", "cancel").is_ok());
         assert!(check_owner(&alice, "/bob/train", "cancel").is_err());
-        let task = Identity { role: Role::Task, job_id: Some("/alice/train".into()), ..alice.clone() };
+        let task = Identity {
+            role: Role::Task,
+            job_id: Some("/alice/train".into()),
+            ..alice.clone()
+        };
         assert!(check_owner(&task, "/alice/train/child", "submit").is_ok());
         assert!(check_owner(&task, "/alice/other", "submit").is_err());
     }

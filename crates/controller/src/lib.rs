@@ -92,7 +92,9 @@ pub(crate) struct Admission {
     pub t: i64,
     /// An admin's SYSTEM/PRODUCTION submission with auth on skips the `max_band` ceiling.
     pub skip_band_ceiling: bool,
-    pub reply: tokio::sync::oneshot::Sender<Result<iris_proto::cluster::controller::LaunchJobResponse, RpcError>>,
+    pub reply: tokio::sync::oneshot::Sender<
+        Result<iris_proto::cluster::controller::LaunchJobResponse, RpcError>,
+    >,
 }
 
 /// Per-worker handle held by the controller.

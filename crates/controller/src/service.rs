@@ -98,7 +98,11 @@ async fn dispatch(
         Ok(id) => id,
         Err(e) => return e.into_response(),
     };
-    crate::auth::with_caller(identity, dispatch_inner(ctl, service, method, headers, body)).await
+    crate::auth::with_caller(
+        identity,
+        dispatch_inner(ctl, service, method, headers, body),
+    )
+    .await
 }
 
 async fn dispatch_inner(
@@ -293,7 +297,12 @@ impl Controller {
             req.bundle_blob.clear();
         } else if !req.bundle_id.is_empty()
             && (!valid_sha(&req.bundle_id)
-                || !self.cfg.state_dir.join("bundles").join(&req.bundle_id).exists())
+                || !self
+                    .cfg
+                    .state_dir
+                    .join("bundles")
+                    .join(&req.bundle_id)
+                    .exists())
         {
             return Err(RpcError::invalid(format!(
                 "bundle_id {:?} is not a bundle this controller has; send bundle_blob instead",
@@ -348,7 +357,10 @@ impl Controller {
         };
         let mut results = Vec::with_capacity(batch.len());
         for a in batch {
-            if let Err(e) = tx.prepare_cached("SAVEPOINT admit").and_then(|mut st| st.execute([])) {
+            if let Err(e) = tx
+                .prepare_cached("SAVEPOINT admit")
+                .and_then(|mut st| st.execute([]))
+            {
                 results.push((a.reply, Err(internal(e)), None));
                 continue;
             }
@@ -363,11 +375,15 @@ impl Controller {
                 a.skip_band_ceiling,
             );
             let sp = if r.is_ok() {
-                tx.prepare_cached("RELEASE admit").and_then(|mut st| st.execute([]))
+                tx.prepare_cached("RELEASE admit")
+                    .and_then(|mut st| st.execute([]))
             } else {
                 tx.prepare_cached("ROLLBACK TO admit")
                     .and_then(|mut st| st.execute([]))
-                    .and_then(|_| tx.prepare_cached("RELEASE admit").and_then(|mut st| st.execute([])))
+                    .and_then(|_| {
+                        tx.prepare_cached("RELEASE admit")
+                            .and_then(|mut st| st.execute([]))
+                    })
             };
             if let Err(e) = sp {
                 results.push((a.reply, Err(internal(e)), None));
@@ -469,13 +485,18 @@ impl Controller {
         // Feasibility.
         self.check_feasible(workers, &name, &req, constraints)?;
         // Existing job policy.
-        let existing = ops::job_state_of(&conn, name.as_str()).map_err(internal)?;
+        let existing = ops::job_state_of(conn, name.as_str()).map_err(internal)?;
         if let Some(st) = existing {
             let policy = req.existing_job_policy;
             let running = !st.is_terminal();
             let keep = policy == 2 && running;
             if keep {
-                return Ok((c::LaunchJobResponse { job_id: name.to_string() }, None));
+                return Ok((
+                    c::LaunchJobResponse {
+                        job_id: name.to_string(),
+                    },
+                    None,
+                ));
             }
             if policy == 1 || req.fail_if_exists || (running && policy != 3) {
                 return Err(RpcError::new(
@@ -559,7 +580,9 @@ impl Controller {
         ops::insert_job(tx, &new, t).map_err(internal)?;
         let spec = Arc::new(JobSpec::from_request(req, band, user, name.depth()));
         Ok((
-            c::LaunchJobResponse { job_id: name.to_string() },
+            c::LaunchJobResponse {
+                job_id: name.to_string(),
+            },
             Some((existing.is_some(), name.to_string(), spec)),
         ))
     }
@@ -600,14 +623,8 @@ impl Controller {
         }
         let res = crate::spec::resources_of(req.resources.as_ref());
         let group_by = req.coscheduling.as_ref().map(|c| c.group_by.as_str());
-        iris_scheduler::feasible_anywhere(
-            &res,
-            &all,
-            group_by,
-            req.replicas.max(1) as u32,
-            workers,
-        )
-        .map_err(|why| RpcError::precondition(format!("Job {name} is unschedulable: {why}")))
+        iris_scheduler::feasible_anywhere(&res, &all, group_by, req.replicas.max(1) as u32, workers)
+            .map_err(|why| RpcError::precondition(format!("Job {name} is unschedulable: {why}")))
     }
 
     pub(crate) async fn get_job_status(
@@ -657,7 +674,10 @@ impl Controller {
         if caller.is_admin() {
             return Ok(name);
         }
-        let elevated = matches!(Band::from_code(band_code), Some(Band::System) | Some(Band::Production));
+        let elevated = matches!(
+            Band::from_code(band_code),
+            Some(Band::System) | Some(Band::Production)
+        );
         match (&caller.role, name.parent()) {
             (iris_auth::Role::Task, None) => Err(RpcError::new(
                 Code::PermissionDenied,
@@ -681,8 +701,14 @@ impl Controller {
                     }
                     None if name.user() == caller.user_id => Ok(name),
                     None => {
-                        let job = name.as_str().trim_start_matches('/').split_once('/').map(|x| x.1).unwrap_or("");
-                        JobName::root(&caller.user_id, job).map_err(|e| RpcError::invalid(format!("name: {e}")))
+                        let job = name
+                            .as_str()
+                            .trim_start_matches('/')
+                            .split_once('/')
+                            .map(|x| x.1)
+                            .unwrap_or("");
+                        JobName::root(&caller.user_id, job)
+                            .map_err(|e| RpcError::invalid(format!("name: {e}")))
                     }
                 }
             }

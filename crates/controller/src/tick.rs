@@ -19,8 +19,10 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
             _ = shutdown.wait_for(|v| *v) => return,
         }
         // Coalesce bursts of wakes (e.g. a storm of submits) into one tick, and keep the tick
-        // below about half of one core: wait at least as long as the last tick took.
-        tokio::time::sleep(last_cost.clamp(Duration::from_millis(2), Duration::from_millis(500)))
+        // to about a quarter of one core under load: wait three times as long as the last tick
+        // took (a tick over a small queue costs well under a millisecond, so idle clusters still
+        // place work within ~2 ms).
+        tokio::time::sleep((last_cost * 3).clamp(Duration::from_millis(2), Duration::from_millis(500)))
             .await;
         let c = ctl.clone();
         let started = std::time::Instant::now();
@@ -187,6 +189,18 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
         }
         out
     };
+    // Budgets (§4.7): spend per user over active non-BATCH work; over a non-zero limit, a user's
+    // INTERACTIVE work is scheduled as BATCH.
+    let spend = crate::views::spend_by_user(&tx)?;
+    let limits: BTreeMap<String, i64> = {
+        let mut st = tx
+            .prepare_cached("SELECT user_id, budget_limit FROM user_budgets")
+            .map_err(internal)?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(internal)?;
+        rows.collect::<Result<_, _>>().map_err(internal)?
+    };
     let pending = {
         let rows: Vec<(String, String, i64, i64, i64)> = {
             let mut st = tx
@@ -211,7 +225,14 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
                 task,
                 job,
                 user: spec.user.clone(),
-                band: to_sched_band(spec.band),
+                band: to_sched_band(crate::accounts::effective_band(
+                    spec.band,
+                    spend.get(&spec.user).copied().unwrap_or(0),
+                    limits
+                        .get(&spec.user)
+                        .copied()
+                        .unwrap_or(crate::accounts::DEFAULT_BUDGET_LIMIT),
+                )),
                 resources: spec.resources.clone(),
                 constraints: spec.constraints.clone(),
                 group_by: spec.group_by.clone(),
@@ -272,7 +293,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
         workers,
         running,
         pending,
-        user_spend: BTreeMap::new(),
+        user_spend: spend,
     };
     let plan = iris_scheduler::schedule(&snapshot, &Policy::default());
     drop(snapshot);

@@ -237,6 +237,18 @@ impl JobsFilter {
     }
 }
 
+/// The job's owner (its id's namespace, which the User filter matches) and, when someone else
+/// submitted it, who did.
+fn user_cell(j: &job::JobStatus) -> Markup {
+    let owner = j.job_id.split('/').nth(1).unwrap_or("");
+    html! {
+        (owner)
+        @if !j.submitting_user.is_empty() && j.submitting_user != owner {
+            br; span.muted { "by " (j.submitting_user) }
+        }
+    }
+}
+
 const JOB_STATES: &[&str] = &[
     "pending",
     "building",
@@ -351,7 +363,7 @@ pub fn jobs_page(
                                     td.id { a href=(fmt::id_path("job", &j.job_id)) { (j.job_id) } }
                                     td { (badge(st)) }
                                     td.tasks { (svg::state_bar(&counts, 64)) " " span.num { (done) "/" (j.task_count) } }
-                                    td { (if j.submitting_user.is_empty() { j.job_id.split('/').nth(1).unwrap_or("") } else { &j.submitting_user }) }
+                                    td { (user_cell(j)) }
                                     td { (time_cell(now, ms(&j.submitted_at))) }
                                     td.num { (fmt::span(ms(&j.started_at), ms(&j.finished_at), now)) }
                                     td.reason { (j.pending_reason) }
@@ -483,7 +495,7 @@ pub fn job_page(v: &JobView<'_>) -> Page {
         div.cards {
             dl.facts {
                 dt { "State" } dd #job-state { (badge(st)) }
-                dt { "User" } dd { (j.submitting_user) }
+                dt { "User" } dd { (user_cell(j)) }
                 dt { "Band" } dd { (band) }
                 dt { "Submitted" } dd { (fmt::ts(ms(&j.submitted_at))) }
                 dt { "Started" } dd { (fmt::ts(ms(&j.started_at))) }

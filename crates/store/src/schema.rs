@@ -2,9 +2,10 @@
 //! by name in `schema_migrations`.
 
 /// `(name, sql)` in application order. Never edit a released entry: add a new one.
-pub const MIGRATIONS: &[(&str, &str)] = &[(
-    "0001_baseline",
-    r#"
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_baseline",
+        r#"
 CREATE TABLE jobs (
     job_id TEXT PRIMARY KEY,
     user_id TEXT NOT NULL,
@@ -198,4 +199,9 @@ CREATE TABLE meta (
     value INTEGER NOT NULL
 );
 "#,
-)];
+    ),
+    (
+        "0002_jobs_state_submitted_index",
+        "CREATE INDEX idx_jobs_state_submitted ON jobs(state, submitted_at_ms);",
+    ),
+];
