@@ -22,8 +22,10 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
         // to about a quarter of one core under load: wait three times as long as the last tick
         // took (a tick over a small queue costs well under a millisecond, so idle clusters still
         // place work within ~2 ms).
-        tokio::time::sleep((last_cost * 3).clamp(Duration::from_millis(2), Duration::from_millis(500)))
-            .await;
+        tokio::time::sleep(
+            (last_cost * 3).clamp(Duration::from_millis(2), Duration::from_millis(500)),
+        )
+        .await;
         let c = ctl.clone();
         let started = std::time::Instant::now();
         let res = tokio::task::spawn_blocking(move || tick(&c)).await;

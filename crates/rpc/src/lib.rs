@@ -284,6 +284,8 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// Parsed URL per `service/method`: parsing (with IDNA) on every call showed in profiles.
+    urls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, reqwest::Url>>>,
 }
 
 impl Client {
@@ -297,6 +299,7 @@ impl Client {
             http,
             base: base.trim_end_matches('/').to_string(),
             token: None,
+            urls: Default::default(),
         })
     }
 
@@ -310,6 +313,22 @@ impl Client {
         &self.base
     }
 
+    fn url_for(&self, service: &str, method: &str) -> Result<reqwest::Url, RpcError> {
+        let key = format!("{service}/{method}");
+        let mut cache = self.urls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = cache.get(&key) {
+            return Ok(u.clone());
+        }
+        let u = reqwest::Url::parse(&format!("{}/{key}", self.base)).map_err(|e| {
+            RpcError::invalid(format!(
+                "controller URL {:?} is not a valid URL: {e}",
+                self.base
+            ))
+        })?;
+        cache.insert(key, u.clone());
+        Ok(u)
+    }
+
     /// Calls `/<service>/<method>` with a protobuf body.
     pub async fn call<Req: prost::Message, Resp: prost::Message + Default>(
         &self,
@@ -318,10 +337,10 @@ impl Client {
         req: &Req,
         timeout: Duration,
     ) -> Result<Resp, RpcError> {
-        let url = format!("{}/{service}/{method}", self.base);
+        let url = self.url_for(service, method)?;
         let mut rb = self
             .http
-            .post(&url)
+            .post(url.clone())
             .header("content-type", "application/proto")
             .header("connect-protocol-version", "1")
             .header("connect-timeout-ms", timeout.as_millis().to_string())
