@@ -521,13 +521,7 @@ pub fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
     ])?;
     if next.is_terminal() {
         let reason = error.clone().unwrap_or_else(|| format!("Job {next}"));
-        let remaining: Vec<String> = {
-            let mut st = tx.prepare_cached(
-                "SELECT task_id FROM tasks WHERE job_id = ?1 AND state NOT IN (4,5,6,7,8,10,11) ORDER BY task_index",
-            )?;
-            let rows = st.query_map([job_id], |r| r.get(0))?;
-            rows.collect::<std::result::Result<_, _>>()?
-        };
+        let remaining: Vec<String> = unfinished_tasks(tx, job_id)?;
         for t in remaining {
             if let Some((step, _, _)) = apply_raw(
                 tx,
@@ -551,13 +545,7 @@ pub fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
         let terminate_children =
             next == JobState::Succeeded || policy == 1 || (policy == 0 && num_tasks <= 1);
         if terminate_children {
-            let children: Vec<String> = {
-                let mut st = tx.prepare_cached(
-                    "SELECT job_id FROM jobs WHERE parent_job_id = ?1 AND state NOT IN (4,5,6,7,8)",
-                )?;
-                let rows = st.query_map([job_id], |r| r.get(0))?;
-                rows.collect::<std::result::Result<_, _>>()?
-            };
+            let children: Vec<String> = unfinished_children(tx, job_id)?;
             for c in children {
                 kill_subtree(
                     tx,
@@ -570,6 +558,24 @@ pub fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The job's tasks that are not terminal, in index order.
+fn unfinished_tasks(tx: &Connection, job_id: &str) -> Result<Vec<String>> {
+    let mut st = tx.prepare_cached(
+        "SELECT task_id FROM tasks WHERE job_id = ?1 AND state NOT IN (4,5,6,7,8,10,11) ORDER BY task_index",
+    )?;
+    let rows = st.query_map([job_id], |r| r.get(0))?;
+    Ok(rows.collect::<std::result::Result<_, _>>()?)
+}
+
+/// The job's direct children that are not terminal.
+fn unfinished_children(tx: &Connection, job_id: &str) -> Result<Vec<String>> {
+    let mut st = tx.prepare_cached(
+        "SELECT job_id FROM jobs WHERE parent_job_id = ?1 AND state NOT IN (4,5,6,7,8)",
+    )?;
+    let rows = st.query_map([job_id], |r| r.get(0))?;
+    Ok(rows.collect::<std::result::Result<_, _>>()?)
 }
 
 /// Kills a job and all its descendants (§2.7). Returns false if the job does not exist.
@@ -605,13 +611,7 @@ pub fn kill_subtree(
             "UPDATE jobs SET state = 6, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3) WHERE job_id = ?1",
         )?
         .execute(params![jid, reason, now])?;
-        let tasks: Vec<String> = {
-            let mut st = tx.prepare_cached(
-                "SELECT task_id FROM tasks WHERE job_id = ?1 AND state NOT IN (4,5,6,7,8,10,11) ORDER BY task_index",
-            )?;
-            let rows = st.query_map([jid], |r| r.get(0))?;
-            rows.collect::<std::result::Result<_, _>>()?
-        };
+        let tasks: Vec<String> = unfinished_tasks(tx, jid)?;
         for t in tasks {
             apply_raw(
                 tx,
@@ -638,13 +638,7 @@ pub fn complete_job(tx: &Connection, job_id: &str, now: i64) -> Result<bool> {
     if state.is_terminal() {
         return Ok(true);
     }
-    let tasks: Vec<String> = {
-        let mut st = tx.prepare_cached(
-            "SELECT task_id FROM tasks WHERE job_id = ?1 AND state NOT IN (4,5,6,7,8,10,11) ORDER BY task_index",
-        )?;
-        let rows = st.query_map([job_id], |r| r.get(0))?;
-        rows.collect::<std::result::Result<_, _>>()?
-    };
+    let tasks: Vec<String> = unfinished_tasks(tx, job_id)?;
     for t in &tasks {
         apply_raw(
             tx,
@@ -660,13 +654,7 @@ pub fn complete_job(tx: &Connection, job_id: &str, now: i64) -> Result<bool> {
         "UPDATE jobs SET state = 4, error = NULL, finished_at_ms = ?2, started_at_ms = COALESCE(started_at_ms, ?2) WHERE job_id = ?1",
         params![job_id, now],
     )?;
-    let children: Vec<String> = {
-        let mut st = tx.prepare_cached(
-            "SELECT job_id FROM jobs WHERE parent_job_id = ?1 AND state NOT IN (4,5,6,7,8)",
-        )?;
-        let rows = st.query_map([job_id], |r| r.get(0))?;
-        rows.collect::<std::result::Result<_, _>>()?
-    };
+    let children: Vec<String> = unfinished_children(tx, job_id)?;
     for c in children {
         kill_subtree(
             tx,
