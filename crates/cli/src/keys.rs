@@ -168,11 +168,17 @@ pub fn token_path() -> std::path::PathBuf {
         .join("token")
 }
 
-/// The token the CLI sends: `MARIN_CLUSTER_TOKEN`, else the one stored by `iris login`.
+/// The token the CLI sends: `MARIN_CLUSTER_TOKEN`, else (inside a task) `IRIS_TASK_TOKEN`, else
+/// the one stored by `iris login`.
 pub fn cli_token() -> Option<String> {
     std::env::var("MARIN_CLUSTER_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty())
+        .or_else(|| {
+            std::env::var("IRIS_TASK_TOKEN")
+                .ok()
+                .filter(|t| !t.trim().is_empty())
+        })
         .or_else(|| {
             std::fs::read_to_string(token_path())
                 .ok()

@@ -474,3 +474,44 @@ fn rotation_keeps_old_tokens_valid_only_when_listed() {
     let (ok, _, err) = env.iris(Some(&old_token), &["job", "list"]);
     assert!(ok, "old token should verify after rotation: {err}");
 }
+
+#[test]
+fn a_task_submits_its_child_with_the_token_the_controller_minted() {
+    let env = Env::start("");
+    let root = env.user("root", "user");
+    // The task calls back through the proxy (so it is not a trusted loopback peer) with only the
+    // IRIS_TASK_TOKEN the controller minted for its attempt.
+    let script = "\"$IRIS_BIN\" --controller-url \"$PROXY\" job run --no-wait --no-bundle --job-name kid -- true";
+    let (ok, out, err) = env.iris(
+        Some(&root),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "alice",
+            "--job-name",
+            "parent",
+            "-e",
+            "IRIS_BIN",
+            env!("CARGO_BIN_EXE_iris"),
+            "-e",
+            "PROXY",
+            &env.proxy,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "/alice/parent");
+    env.cluster.wait_job("/alice/parent", "succeeded");
+    assert!(
+        env.cluster.job_state("/alice/parent/kid").is_some(),
+        "the child was not created"
+    );
+    let attempts = env.cluster.query("SELECT count(*) AS n FROM jobs WHERE job_id = '/alice/parent/kid' AND parent_job_id = '/alice/parent'");
+    assert_eq!(attempts[0]["n"], 1, "{attempts:?}");
+}

@@ -205,6 +205,28 @@ impl Controller {
         self.me.upgrade()
     }
 
+    /// A task token for an attempt of `job_id` (reference §2.1: role task, the job owner as
+    /// subject, `job_id` claim, 30 days), or empty when auth is off.
+    fn task_token(&self, job_id: &str, owner: &str) -> String {
+        let Some(a) = &self.cfg.auth else {
+            return String::new();
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let extra = std::collections::BTreeMap::from([(
+            "job_id".to_string(),
+            serde_json::Value::from(job_id),
+        )]);
+        a.keypair
+            .mint(&a.issuer, "iris", owner, "task", 30 * 86400, now, extra)
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, job = %job_id, "minting a task token");
+                String::new()
+            })
+    }
+
     /// Wakes the control tick.
     pub fn wake(&self) {
         self.wake.notify_one();

@@ -198,7 +198,7 @@ fn desired_set(
                     priority: spec.band.code(),
                     container_profile: req.container_profile,
                     egress_policy: req.egress_policy,
-                    task_token: String::new(),
+                    task_token: ctl.task_token(&r.job_id, &spec.user),
                 }),
             })
         } else {

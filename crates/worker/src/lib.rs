@@ -688,6 +688,10 @@ async fn execute(
         cmd.env(k, v);
     }
     cmd.env("IRIS_ATTEMPT_UID", &run.attempt_uid);
+    if !run.task_token.is_empty() {
+        // Forced back after the job's env, like the attempt uid: the task acts with its own token.
+        cmd.env("IRIS_TASK_TOKEN", &run.task_token);
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return Ok((FAILED, -1, format!("cannot start {prog:?}: {e}"))),
