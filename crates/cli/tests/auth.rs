@@ -91,6 +91,16 @@ fn http_get(url: &str, path: &str) -> (u16, String) {
     )
 }
 
+/// Kills the worker process on drop.
+struct WorkerProc(std::process::Child);
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct Env {
     cluster: TestCluster,
     proxy: String,
@@ -459,6 +469,50 @@ fn rotation_keeps_old_tokens_valid_only_when_listed() {
         !ok && err.contains("unauthenticated"),
         "a rotated-out key must not verify: {err}"
     );
+    // A worker holding a token from the rotated-out key cannot register (it calls through the
+    // proxy, so loopback trust does not apply).
+    let old_worker = old
+        .mint(
+            "authtest",
+            "iris",
+            "system:worker",
+            "worker",
+            3600,
+            now(),
+            BTreeMap::new(),
+        )
+        .expect("mint");
+    let mut worker = WorkerProc(
+        Command::new(env!("CARGO_BIN_EXE_iris"))
+            .env("IRIS_WORKER_TOKEN", &old_worker)
+            .args([
+                "--controller-url",
+                &env.proxy,
+                "worker",
+                "serve",
+                "--worker-id",
+                "w-rotated",
+                "--cpu",
+                "1",
+            ])
+            .arg("--cache-dir")
+            .arg(env.home.path().join("w-rotated"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn worker"),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        env.cluster
+            .query_i64("SELECT count(*) FROM workers WHERE worker_id = 'w-rotated'"),
+        0,
+        "a worker with a rotated-out key registered"
+    );
+    assert!(
+        matches!(worker.0.try_wait(), Ok(None)),
+        "the worker keeps retrying"
+    );
     // Restart with the old public key in previous_public_keys: the old token verifies again.
     let pem = old.public_pem().expect("pem");
     let indented: String = pem.lines().map(|l| format!("    {l}\n")).collect();
@@ -473,6 +527,18 @@ fn rotation_keeps_old_tokens_valid_only_when_listed() {
     env.cluster.restart_controller();
     let (ok, _, err) = env.iris(Some(&old_token), &["job", "list"]);
     assert!(ok, "old token should verify after rotation: {err}");
+    // With the old key listed, the same worker registers and can renew its token.
+    common::wait_until(Duration::from_secs(20), "the worker to register", || {
+        env.cluster
+            .query_i64("SELECT count(*) FROM workers WHERE worker_id = 'w-rotated'")
+            == 1
+    });
+    let renewed = env.iris(
+        Some(&old_worker),
+        &["rpc", "controller", "renew-worker-token"],
+    );
+    assert!(renewed.0 && renewed.1.contains("token"), "{renewed:?}");
+    drop(worker);
 }
 
 #[test]

@@ -150,6 +150,7 @@ async fn dispatch_inner(
             "ListTasks" => call!(list_tasks),
             "KickTasks" => call!(kick_tasks),
             "Register" => call!(register),
+            "RenewWorkerToken" => call!(renew_worker_token),
             "ListWorkers" => call!(list_workers),
             "ExecuteRawQuery" => call!(execute_raw_query),
             "SetUserBudget" => call!(set_user_budget),
@@ -1107,6 +1108,45 @@ impl Controller {
             });
         }
         Ok(c::ListUserBudgetsResponse { users })
+    }
+
+    /// A fresh 30-day worker token for a worker (or admin) caller; needs auth configured.
+    pub(crate) async fn renew_worker_token(
+        &self,
+        _req: c::RenewWorkerTokenRequest,
+    ) -> Result<c::RenewWorkerTokenResponse, RpcError> {
+        let Some(a) = &self.cfg.auth else {
+            return Err(RpcError::precondition(
+                "this controller has no auth configured, so it issues no worker tokens",
+            ));
+        };
+        let caller = crate::auth::caller();
+        if !matches!(
+            caller.role,
+            iris_auth::Role::Worker | iris_auth::Role::Admin
+        ) {
+            return Err(RpcError::new(
+                Code::PermissionDenied,
+                "RenewWorkerToken requires the worker role",
+            ));
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let token = a
+            .keypair
+            .mint(
+                &a.issuer,
+                "iris",
+                "system:worker",
+                "worker",
+                30 * 86400,
+                now,
+                Default::default(),
+            )
+            .map_err(internal)?;
+        Ok(c::RenewWorkerTokenResponse { token })
     }
 
     pub(crate) async fn get_current_user(
