@@ -212,6 +212,14 @@ fn desired_set(
     Ok(out)
 }
 
+/// Drops this loop's link, unless a newer registration already replaced it.
+fn forget_link(ctl: &Controller, worker_id: &str, generation: u64) {
+    let mut links = lock(&ctl.workers);
+    if links.get(worker_id).map(|l| l.generation) == Some(generation) {
+        links.remove(worker_id);
+    }
+}
+
 async fn reconcile_loop(
     ctl: Arc<Controller>,
     worker_id: String,
@@ -220,6 +228,8 @@ async fn reconcile_loop(
 ) {
     let mut failures = 0u32;
     let mut last_ok = Instant::now();
+    // One client per worker address, kept across rounds (keep-alive, parsed URLs).
+    let mut client: Option<(String, iris_rpc::Client)> = None;
     loop {
         tokio::select! {
             _ = poke.notified() => {}
@@ -230,31 +240,46 @@ async fn reconcile_loop(
             return;
         }
         let prepared = {
+            use iris_store::rusqlite::OptionalExtension;
             let conn = ctl.db();
-            let addr: Option<String> = conn
-                .query_row(
-                    "SELECT address FROM workers WHERE worker_id = ?1",
-                    [&worker_id],
-                    |r| r.get(0),
-                )
-                .ok();
-            match addr {
-                None => None,
-                Some(a) => desired_set(&ctl, &conn, &worker_id).ok().map(|d| (a, d)),
-            }
+            conn.query_row(
+                "SELECT address FROM workers WHERE worker_id = ?1",
+                [&worker_id],
+                |r| r.get::<_, String>(0),
+            )
+            .optional()
+            .map_err(internal)
+            .and_then(|addr| match addr {
+                None => Ok(None),
+                Some(a) => desired_set(&ctl, &conn, &worker_id).map(|d| Some((a, d))),
+            })
         };
-        let Some((addr, desired)) = prepared else {
-            lock(&ctl.workers).remove(&worker_id);
-            return;
+        let (addr, desired) = match prepared {
+            Ok(Some(p)) => p,
+            // The worker row is gone (declared failed or removed): this loop ends.
+            Ok(None) => {
+                forget_link(&ctl, &worker_id, generation);
+                return;
+            }
+            // A store error is not a lost worker: try again next round.
+            Err(e) => {
+                tracing::error!(worker = %worker_id, error = %e.message, "building the desired set");
+                continue;
+            }
         };
         let url = if addr.starts_with("http") {
             addr.clone()
         } else {
             format!("http://{addr}")
         };
-        let client = match iris_rpc::Client::new(&url) {
-            Ok(c) => c,
-            Err(_) => continue,
+        if client.as_ref().map(|(u, _)| u != &url).unwrap_or(true) {
+            match iris_rpc::Client::new(&url) {
+                Ok(c) => client = Some((url, c)),
+                Err(_) => continue,
+            }
+        }
+        let Some((_, client)) = client.as_ref() else {
+            continue;
         };
         let req = w::ReconcileRequest {
             worker_id: worker_id.clone(),
@@ -294,7 +319,7 @@ async fn reconcile_loop(
                         tracing::error!(worker = %worker_id, error = %e, "failing worker");
                         continue;
                     }
-                    lock(&ctl.workers).remove(&worker_id);
+                    forget_link(&ctl, &worker_id, generation);
                     ctl.wake();
                     return;
                 }
