@@ -87,7 +87,6 @@ impl ControllerConfig {
 pub(crate) struct Admission {
     pub name: iris_types::JobName,
     pub req: iris_proto::cluster::controller::LaunchJobRequest,
-    pub constraints: Vec<iris_scheduler::Constraint>,
     pub user: String,
     pub t: i64,
     /// An admin's SYSTEM/PRODUCTION submission with auth on skips the `max_band` ceiling.

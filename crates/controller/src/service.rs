@@ -261,9 +261,8 @@ impl Controller {
                 MAX_BUNDLE_BYTES >> 20
             )));
         }
-        let mut constraints = Vec::new();
         for pc in &req.constraints {
-            constraints.push(constraint_from_proto(pc).map_err(RpcError::invalid)?);
+            constraint_from_proto(pc).map_err(RpcError::invalid)?;
         }
         // Freshness gate: root jobs only.
         if name.is_root() {
@@ -321,7 +320,6 @@ impl Controller {
             .send(crate::Admission {
                 name,
                 req,
-                constraints,
                 user,
                 t,
                 skip_band_ceiling,
@@ -369,7 +367,6 @@ impl Controller {
                 &tx,
                 a.name,
                 a.req,
-                &a.constraints,
                 a.user,
                 a.t,
                 &workers,
@@ -425,7 +422,6 @@ impl Controller {
         conn: &iris_store::rusqlite::Connection,
         name: JobName,
         mut req: c::LaunchJobRequest,
-        constraints: &[iris_scheduler::Constraint],
         user: String,
         t: i64,
         workers: &[iris_scheduler::Worker],
@@ -484,7 +480,7 @@ impl Controller {
         }
         req.priority_band = band.code();
         // Feasibility.
-        self.check_feasible(workers, &name, &req, constraints)?;
+        self.check_feasible(workers, &name, &req)?;
         // Existing job policy.
         let existing = ops::job_state_of(conn, name.as_str()).map_err(internal)?;
         if let Some(st) = existing {
@@ -609,19 +605,17 @@ impl Controller {
         workers: &[iris_scheduler::Worker],
         name: &JobName,
         req: &c::LaunchJobRequest,
-        constraints: &[iris_scheduler::Constraint],
     ) -> Result<(), RpcError> {
         if workers.is_empty() {
             return Ok(());
         }
-        let mut all = constraints.to_vec();
-        for pc in &req.constraints {
-            if let Ok(c) = constraint_from_proto(pc) {
-                if !all.contains(&c) {
-                    all.push(c);
-                }
-            }
-        }
+        // Every constraint was validated in `launch_job`; this list includes the automatic
+        // device-type/device-variant ones added after that.
+        let all: Vec<_> = req
+            .constraints
+            .iter()
+            .filter_map(|pc| constraint_from_proto(pc).ok())
+            .collect();
         let res = crate::spec::resources_of(req.resources.as_ref());
         let group_by = req.coscheduling.as_ref().map(|c| c.group_by.as_str());
         iris_scheduler::feasible_anywhere(&res, &all, group_by, req.replicas.max(1) as u32, workers)

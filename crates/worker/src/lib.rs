@@ -438,9 +438,7 @@ fn reconcile(
             });
         }
     }
-    let running = attempts.values().filter(|a| !terminal(a.state)).count();
     drop(attempts);
-    let _ = running;
     Ok(w::ReconcileResponse {
         worker_id: inner.cfg.worker_id.clone(),
         observed,
