@@ -523,23 +523,17 @@ pub fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
         let reason = error.clone().unwrap_or_else(|| format!("Job {next}"));
         let remaining: Vec<String> = unfinished_tasks(tx, job_id)?;
         for t in remaining {
-            if let Some((step, _, _)) = apply_raw(
+            apply_raw(
                 tx,
                 &t,
-                &TaskEvent::Kill {
+                &TaskEvent::JobFinalized {
                     reason: reason.clone(),
                 },
                 None,
                 Finish::AwaitWorker,
                 now,
                 "iris/controller",
-            )? {
-                let _ = step;
-                tx.execute(
-                    "UPDATE task_events SET reason = 'JobFinalizedTaskKilled' WHERE id = last_insert_rowid()",
-                    [],
-                )?;
-            }
+            )?;
         }
         // TERMINATE_CHILDREN=1, PRESERVE_CHILDREN=2; unspecified: terminate for 1-task jobs.
         let terminate_children =

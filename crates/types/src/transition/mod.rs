@@ -45,8 +45,10 @@ pub enum TaskEvent {
     ExecutionTimeout,
     /// The scheduling deadline passed while pending.
     SchedulingTimeout,
-    /// Cancelled (by the user, a parent, or the job finalising).
+    /// Cancelled by the user or a parent.
     Kill { reason: String },
+    /// The job went terminal while this task was unfinished: killed with the job's reason.
+    JobFinalized { reason: String },
     /// `CompleteJob`: mark done.
     Complete,
     /// A gang sibling failed for good: this member fails too.
@@ -181,12 +183,16 @@ pub fn transition(t: &TaskCtx, event: &TaskEvent) -> Result<Step, Rejected> {
             s.error = Some("Scheduling timeout exceeded".into());
             Ok(s)
         }
-        TaskEvent::Kill { reason } => {
+        TaskEvent::Kill { reason } | TaskEvent::JobFinalized { reason } => {
             let attempt = t
                 .attempt
                 .filter(|a| !a.state.is_terminal())
                 .map(|_| TaskState::Killed);
-            let mut s = step(TaskState::Killed, attempt, "TaskTerminated");
+            let label = match event {
+                TaskEvent::JobFinalized { .. } => "JobFinalizedTaskKilled",
+                _ => "TaskTerminated",
+            };
+            let mut s = step(TaskState::Killed, attempt, label);
             s.error = Some(reason.clone());
             Ok(s)
         }

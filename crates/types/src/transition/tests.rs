@@ -188,6 +188,22 @@ fn kill_from_any_non_terminal() {
 }
 
 #[test]
+fn job_finalized_kills_with_its_own_reason() {
+    let s = transition(
+        &task(T::Running, Some((T::Running, true))),
+        &TaskEvent::JobFinalized {
+            reason: "Job failed".into(),
+        },
+    )
+    .expect("applies");
+    assert_eq!(
+        (s.task, s.attempt, s.reason),
+        (T::Killed, Some(T::Killed), "JobFinalizedTaskKilled")
+    );
+    assert_eq!(s.error.as_deref(), Some("Job failed"));
+}
+
+#[test]
 fn complete_succeeds() {
     let s = transition(
         &task(T::Running, Some((T::Running, true))),
