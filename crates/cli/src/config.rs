@@ -28,9 +28,63 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub task_env: BTreeMap<String, String>,
     #[serde(default)]
-    pub peers: Option<serde_yaml::Value>,
+    pub peers: BTreeMap<String, PeerSection>,
     #[serde(default)]
     pub scale_groups: BTreeMap<String, ScaleGroup>,
+}
+
+/// `peers.<id>`: a federation peer this cluster may hand jobs to.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    pub controller_address: String,
+    /// The peer's cluster manifest name (accepted for compatibility; credentials come from our
+    /// own signing key).
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub cluster: Option<String>,
+    /// The peer's public key (PEM), as printed by `iris cluster init-keys` there. Validated.
+    #[serde(default)]
+    pub public_key: Option<String>,
+}
+
+/// `name` and `peers` as the controller's federation settings, validated.
+pub fn federation(
+    cfg: &ClusterConfig,
+) -> anyhow::Result<iris_controller::federation::FederationConfig> {
+    let name = cfg.name.clone().unwrap_or_default();
+    if name == "local" {
+        anyhow::bail!("name: `local` is reserved; choose another cluster name");
+    }
+    if !cfg.peers.is_empty() && name.is_empty() {
+        anyhow::bail!(
+            "name: a cluster with peers needs a name (peers know it as the requester id)"
+        );
+    }
+    let mut out = iris_controller::federation::FederationConfig {
+        cluster_name: name.clone(),
+        ..Default::default()
+    };
+    for (id, p) in &cfg.peers {
+        if id.is_empty() || id == "local" || *id == name {
+            anyhow::bail!("peers.{id}: a peer id must be non-empty, not `local` and not this cluster's own name");
+        }
+        let url = url::Url::parse(&p.controller_address).map_err(|e| {
+            anyhow::anyhow!("peers.{id}.controller_address: {:?} is not a URL ({e}); use e.g. http://10.0.0.5:10000", p.controller_address)
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            anyhow::bail!("peers.{id}.controller_address: use an http:// or https:// URL");
+        }
+        if let Some(pem) = &p.public_key {
+            iris_auth::public_from_pem(pem)
+                .map_err(|e| anyhow::anyhow!("peers.{id}.public_key: {e}"))?;
+        }
+        out.peers.push(iris_controller::federation::PeerConfig {
+            id: id.clone(),
+            address: p.controller_address.trim_end_matches('/').to_string(),
+        });
+    }
+    Ok(out)
 }
 
 /// `storage:` — where the controller keeps its state.

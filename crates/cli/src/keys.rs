@@ -140,6 +140,16 @@ pub fn auth_from_config(
             );
         }
     }
+    let mut federation_peers = BTreeMap::new();
+    for (name, pem) in &a.federation_peers {
+        if name.is_empty() || name == "local" {
+            anyhow::bail!("auth.federation_peers: {name:?} is not a usable cluster name");
+        }
+        let key = iris_auth::public_from_pem(pem).map_err(|e| {
+            anyhow::anyhow!("auth.federation_peers.{name}: {e} (paste the public PEM printed by `iris cluster init-keys` on that cluster)")
+        })?;
+        federation_peers.insert(name.clone(), key);
+    }
     let provider = a.provider.as_deref().unwrap_or("");
     if !matches!(provider, "" | "token" | "cidr" | "iap") {
         anyhow::bail!("auth.provider: unknown provider {provider:?} (token, cidr or iap)");
@@ -157,6 +167,8 @@ pub fn auth_from_config(
         admin_users: a.admin_users.clone(),
         user_roles: a.user_roles.clone(),
         optional: a.optional,
+        federation_peers,
+        allowed_submitters: a.allowed_submitters.clone(),
     }))
 }
 

@@ -59,6 +59,15 @@ pub struct ServeArgs {
     /// Time limit in seconds for one `iris query` (ExecuteRawQuery).
     #[arg(long, default_value_t = 10.0)]
     pub query_timeout: f64,
+    /// Seconds between `ListBackends` heartbeats to each federation peer.
+    #[arg(long, default_value_t = 30.0)]
+    pub federation_heartbeat: f64,
+    /// Seconds between sync rounds (deliver, cancel, mirror) with each federation peer.
+    #[arg(long, default_value_t = 3.0)]
+    pub federation_sync_interval: f64,
+    /// At most this many jobs promoted to one peer per control tick.
+    #[arg(long, default_value_t = 8)]
+    pub max_federation_handoffs_per_cycle: usize,
 }
 
 #[derive(Args)]
@@ -350,10 +359,35 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         let cfg = config::load(p)?;
         ccfg.groups = plan_groups(&cfg)?.iter().map(capacity).collect();
         ccfg.auth = crate::keys::auth_from_config(&cfg)?;
+        ccfg.federation = config::federation(&cfg)?;
+        if !ccfg.federation.peers.is_empty()
+            && cfg
+                .auth
+                .as_ref()
+                .and_then(|a| a.signing_key.as_deref())
+                .unwrap_or("")
+                .is_empty()
+        {
+            anyhow::bail!("peers: a controller with federation peers needs a persistent auth.signing_key (peers pin its public key); create one with `iris cluster init-keys --out-file F` and set auth.signing_key: file:F");
+        }
         if ccfg.remote_state_dir.is_none() {
             ccfg.remote_state_dir = cfg.remote_state_dir();
         }
     }
+    for (flag, v) in [
+        ("--federation-heartbeat", a.federation_heartbeat),
+        ("--federation-sync-interval", a.federation_sync_interval),
+    ] {
+        if !(v > 0.0 && v.is_finite()) {
+            anyhow::bail!("{flag}: must be a positive number of seconds");
+        }
+    }
+    if a.max_federation_handoffs_per_cycle == 0 {
+        anyhow::bail!("--max-federation-handoffs-per-cycle: must be at least 1");
+    }
+    ccfg.federation.heartbeat_interval = Duration::from_secs_f64(a.federation_heartbeat);
+    ccfg.federation.sync_interval = Duration::from_secs_f64(a.federation_sync_interval);
+    ccfg.federation.max_handoffs_per_cycle = a.max_federation_handoffs_per_cycle;
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
     std::fs::write(a.state_dir.join("controller.url"), &url)

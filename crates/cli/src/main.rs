@@ -155,6 +155,9 @@ struct RunArgs {
     region: Vec<String>,
     #[arg(long)]
     zone: Option<String>,
+    /// Run on this federation peer (the hub hands the whole job to it).
+    #[arg(long)]
+    target_cluster: Option<String>,
     #[arg(long, overrides_with = "no_preemptible")]
     preemptible: bool,
     #[arg(long)]
@@ -624,6 +627,14 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     }
     if let Some(z) = &a.zone {
         constraints.push(constraint("zone", 0, &[z.as_str()], 0));
+    }
+    if let Some(t) = &a.target_cluster {
+        if t.trim().is_empty() {
+            anyhow::bail!(
+                "--target-cluster: name a federation peer (see `iris rpc controller list-peers`)"
+            );
+        }
+        constraints.push(constraint("cluster", 0, &[t.trim()], 0));
     }
     if a.preemptible {
         constraints.push(constraint("preemptible", 0, &["true"], 1));

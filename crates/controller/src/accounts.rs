@@ -205,6 +205,19 @@ impl Controller {
     }
 }
 
+/// Every user's budget limit.
+pub(crate) fn limits(
+    conn: &iris_store::rusqlite::Connection,
+) -> Result<std::collections::BTreeMap<String, i64>, iris_rpc::RpcError> {
+    let mut st = conn
+        .prepare_cached("SELECT user_id, budget_limit FROM user_budgets")
+        .map_err(crate::internal)?;
+    let rows = st
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .map_err(crate::internal)?;
+    rows.collect::<Result<_, _>>().map_err(crate::internal)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

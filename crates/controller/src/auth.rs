@@ -25,6 +25,11 @@ pub struct AuthConfig {
     pub admin_users: Vec<String>,
     pub user_roles: BTreeMap<String, String>,
     pub optional: bool,
+    /// `auth.federation_peers`: parent cluster name → its public key. Tokens from these issuers
+    /// with `aud=federation` authenticate as that parent with the federation-peer role.
+    pub federation_peers: BTreeMap<String, ed25519_dalek::VerifyingKey>,
+    /// `auth.allowed_submitters`: whose jobs a parent may hand to us.
+    pub allowed_submitters: Vec<String>,
 }
 
 /// The authenticated caller.
@@ -87,6 +92,35 @@ pub fn control_plane_verifier(cfg: &AuthConfig) -> Verifier {
     v
 }
 
+/// The verifier for inbound federation tokens, if any parent is configured.
+pub fn federation_verifier(cfg: &AuthConfig) -> Option<Verifier> {
+    if cfg.federation_peers.is_empty() {
+        return None;
+    }
+    let mut v = Verifier::new(&["federation"]);
+    for (iss, key) in &cfg.federation_peers {
+        v.trust(iss, *key);
+    }
+    Some(v)
+}
+
+/// A federation token for one outgoing call to a peer (reference §2.1: aud `federation`, this
+/// cluster as subject, role federation-peer, 5 minutes).
+pub fn federation_token(cfg: &AuthConfig) -> Option<String> {
+    cfg.keypair
+        .mint(
+            &cfg.issuer,
+            "federation",
+            &cfg.issuer,
+            "federation-peer",
+            300,
+            now_secs(),
+            BTreeMap::new(),
+        )
+        .map_err(|e| tracing::error!(error = %e, "minting a federation token"))
+        .ok()
+}
+
 fn bearer(headers: &HeaderMap) -> Option<Result<String, RpcError>> {
     let v = headers.get("authorization")?;
     let s = match v.to_str() {
@@ -126,11 +160,28 @@ fn resolve_role(cfg: &AuthConfig, sub: &str, claimed: &str) -> Role {
 fn identity_from_token(
     cfg: &AuthConfig,
     verifier: &Verifier,
+    federation: Option<&Verifier>,
     token: &str,
 ) -> Result<Identity, RpcError> {
-    let c = verifier
-        .verify(token, now_secs())
-        .map_err(|e| RpcError::new(Code::Unauthenticated, format!("invalid token: {e}")))?;
+    let c = match verifier.verify(token, now_secs()) {
+        Ok(c) => c,
+        Err(e) => {
+            // No token satisfies both verifiers: the federation one only knows parents' keys and
+            // only accepts `aud=federation`.
+            if let Some(Ok(f)) = federation.map(|f| f.verify(token, now_secs())) {
+                return Ok(Identity {
+                    user_id: f.iss,
+                    role: Role::FederationPeer,
+                    job_id: None,
+                    anonymous: false,
+                });
+            }
+            return Err(RpcError::new(
+                Code::Unauthenticated,
+                format!("invalid token: {e}"),
+            ));
+        }
+    };
     let role = if c.aud == "iris-proxy" {
         Role::Endpoint
     } else {
@@ -165,6 +216,7 @@ fn trusted_peer(cfg: &AuthConfig, headers: &HeaderMap, peer: Option<SocketAddr>)
 pub fn authenticate(
     cfg: Option<&AuthConfig>,
     verifier: Option<&Verifier>,
+    federation: Option<&Verifier>,
     headers: &HeaderMap,
     peer: Option<SocketAddr>,
 ) -> Result<Identity, RpcError> {
@@ -175,14 +227,14 @@ pub fn authenticate(
     if !cfg.enforcing {
         // Null-auth: tokens attribute callers when valid; nothing is refused.
         if let Some(Ok(t)) = token {
-            if let Ok(id) = identity_from_token(cfg, verifier, &t) {
+            if let Ok(id) = identity_from_token(cfg, verifier, federation, &t) {
                 return Ok(id);
             }
         }
         return Ok(Identity::anonymous_admin());
     }
     match token {
-        Some(Ok(t)) => identity_from_token(cfg, verifier, &t),
+        Some(Ok(t)) => identity_from_token(cfg, verifier, federation, &t),
         Some(Err(e)) => Err(e),
         None if trusted_peer(cfg, headers, peer) || cfg.optional => Ok(Identity::anonymous_admin()),
         None => Err(RpcError::new(
@@ -220,7 +272,9 @@ pub fn authorize(id: &Identity, service: &str, method: &str) -> Result<(), RpcEr
             _ => deny("a user or admin role"),
         },
         Role::FederationPeer => match method {
-            "LaunchJob" | "TerminateJob" | "FederationSync" | "ListBackends" => Ok(()),
+            "LaunchJob" | "TerminateJob" | "FederationSync" | "ListBackends" | "FetchLogs" => {
+                Ok(())
+            }
             _ => deny("a user or admin role; federation peers may only hand off, cancel and sync"),
         },
         Role::User | Role::Task => match method {
@@ -271,6 +325,8 @@ mod tests {
             admin_users: vec!["root".into()],
             user_roles: BTreeMap::from([("viewer".to_string(), "dashboard".to_string())]),
             optional: false,
+            federation_peers: BTreeMap::new(),
+            allowed_submitters: Vec::new(),
         }
     }
 
@@ -296,16 +352,19 @@ mod tests {
         let lo: SocketAddr = "127.0.0.1:5555".parse().expect("addr");
         // Nothing from a remote peer: unauthenticated.
         assert_eq!(
-            authenticate(Some(&c), Some(&v), &headers(&[]), Some(remote)).map_err(|e| e.code),
+            authenticate(Some(&c), Some(&v), None, &headers(&[]), Some(remote)).map_err(|e| e.code),
             Err(Code::Unauthenticated)
         );
         // Loopback direct peer: anonymous admin; behind a proxy: not.
-        assert!(authenticate(Some(&c), Some(&v), &headers(&[]), Some(lo))
-            .expect("ok")
-            .is_admin());
+        assert!(
+            authenticate(Some(&c), Some(&v), None, &headers(&[]), Some(lo))
+                .expect("ok")
+                .is_admin()
+        );
         assert!(authenticate(
             Some(&c),
             Some(&v),
+            None,
             &headers(&[("x-forwarded-for", "1.2.3.4")]),
             Some(lo)
         )
@@ -313,6 +372,7 @@ mod tests {
         assert!(authenticate(
             Some(&c),
             Some(&v),
+            None,
             &headers(&[]),
             Some("127.0.0.1:0".parse().expect("addr"))
         )
@@ -321,6 +381,7 @@ mod tests {
         assert!(authenticate(
             Some(&c),
             Some(&v),
+            None,
             &headers(&[]),
             Some("10.2.3.4:999".parse().expect("addr"))
         )
@@ -330,6 +391,7 @@ mod tests {
         let id = authenticate(
             Some(&c),
             Some(&v),
+            None,
             &headers(&[("authorization", &format!("Bearer {t}"))]),
             Some(remote),
         )
@@ -338,6 +400,7 @@ mod tests {
         assert!(authenticate(
             Some(&c),
             Some(&v),
+            None,
             &headers(&[("authorization", "Bearer junk")]),
             Some(lo)
         )
@@ -347,6 +410,7 @@ mod tests {
         assert!(authenticate(
             Some(&c),
             Some(&v),
+            None,
             &headers(&[("authorization", &format!("Bearer {t}"))]),
             Some(remote)
         )
@@ -357,6 +421,7 @@ mod tests {
             authenticate(
                 Some(&c),
                 Some(&v),
+                None,
                 &headers(&[("authorization", &format!("Bearer {t}"))]),
                 Some(remote)
             )
@@ -374,6 +439,7 @@ mod tests {
         assert!(authenticate(
             Some(&c),
             Some(&v),
+            None,
             &headers(&[("authorization", "Bearer junk")]),
             Some(remote)
         )
@@ -384,6 +450,7 @@ mod tests {
             authenticate(
                 Some(&c),
                 Some(&v),
+                None,
                 &headers(&[("authorization", &format!("Bearer {t}"))]),
                 Some(remote)
             )
@@ -391,7 +458,7 @@ mod tests {
             .user_id,
             "alice"
         );
-        assert!(authenticate(None, None, &headers(&[]), None)
+        assert!(authenticate(None, None, None, &headers(&[]), None)
             .expect("ok")
             .is_admin());
     }

@@ -8,6 +8,7 @@
 mod accounts;
 pub mod auth;
 pub mod checkpoint;
+pub mod federation;
 mod highlights;
 mod limits;
 mod reconcile;
@@ -61,6 +62,8 @@ pub struct ControllerConfig {
     pub restore_checkpoint: Option<String>,
     /// `auth.*`; `None`: null-auth, every caller is the anonymous admin.
     pub auth: Option<auth::AuthConfig>,
+    /// This cluster's name and its federation peers (none: no federation).
+    pub federation: federation::FederationConfig,
 }
 
 impl ControllerConfig {
@@ -79,6 +82,7 @@ impl ControllerConfig {
             checkpoint_interval: None,
             checkpoint_max_age: checkpoint::DEFAULT_MAX_AGE,
             restore_checkpoint: None,
+            federation: federation::FederationConfig::default(),
         }
     }
 }
@@ -91,6 +95,9 @@ pub(crate) struct Admission {
     pub t: i64,
     /// An admin's SYSTEM/PRODUCTION submission with auth on skips the `max_band` ceiling.
     pub skip_band_ceiling: bool,
+    /// Who submitted: a verified user id, `local_admin` for the anonymous admin, or the
+    /// `submitting_user` a federation parent asserted.
+    pub submitting_user: String,
     pub reply: tokio::sync::oneshot::Sender<
         Result<iris_proto::cluster::controller::LaunchJobResponse, RpcError>,
     >,
@@ -109,6 +116,9 @@ pub struct Controller {
     logs: Mutex<Connection>,
     readonly: Mutex<Connection>,
     verifier: Option<iris_auth::Verifier>,
+    /// Verifies federation parents' tokens (`auth.federation_peers`).
+    fed_verifier: Option<iris_auth::Verifier>,
+    fed: federation::Federation,
     /// The tick's snapshot reader (WAL: reads never block the writer).
     snap: Mutex<Connection>,
     wake: Notify,
@@ -155,6 +165,8 @@ impl Controller {
         let snap = iris_store::open(&db_path).context("opening snapshot connection")?;
         let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
+        let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
+        let fed = federation::Federation::new(cfg.federation.clone());
         if cfg.auth.is_some() {
             tracing::info!("auth enabled");
         }
@@ -164,6 +176,8 @@ impl Controller {
             logs: Mutex::new(logs),
             readonly: Mutex::new(readonly),
             verifier,
+            fed_verifier,
+            fed,
             snap: Mutex::new(snap),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),
@@ -322,6 +336,7 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
         remote.write_rollout(&rec).await?;
     }
     reconcile::start_known_workers(&ctl, rx.clone())?;
+    federation::start(&ctl, rx.clone());
     let mut srx = rx.clone();
     let server = tokio::spawn(async move {
         let _ = axum::serve(

@@ -90,6 +90,7 @@ async fn dispatch(
     let identity = match crate::auth::authenticate(
         ctl.cfg.auth.as_ref(),
         ctl.verifier.as_ref(),
+        ctl.fed_verifier.as_ref(),
         &headers,
         peer,
     )
@@ -160,6 +161,9 @@ async fn dispatch_inner(
             "ListUsers" => call!(list_users),
             "GetSchedulerState" => call!(get_scheduler_state),
             "BeginCheckpoint" => call!(begin_checkpoint),
+            "ListPeers" => call!(list_peers),
+            "ListBackends" => call!(list_backends),
+            "FederationSync" => call!(federation_sync),
             _ => unimplemented(&service, m),
         },
         ("iris.cluster.EndpointService", "ListEndpoints") => call!(list_endpoints),
@@ -209,7 +213,24 @@ impl Controller {
     ) -> Result<c::LaunchJobResponse, RpcError> {
         let name =
             JobName::parse(&req.name).map_err(|e| RpcError::invalid(format!("name: {e}")))?;
-        let name = self.authorize_submission(name, req.priority_band)?;
+        let caller = crate::auth::caller();
+        let handoff = req.federation.clone();
+        let (name, submitting_user) = match &handoff {
+            Some(f) => {
+                // A parent's handoff keeps its job id (the same id on both clusters).
+                self.check_handoff(&name, f)?;
+                (name, f.submitting_user.clone())
+            }
+            None => {
+                let name = self.authorize_submission(name, req.priority_band)?;
+                let who = if caller.anonymous {
+                    "local_admin".to_string()
+                } else {
+                    caller.user_id.clone()
+                };
+                (name, who)
+            }
+        };
         req.name = name.to_string();
         if req.replicas == 0 {
             req.replicas = 1;
@@ -264,8 +285,8 @@ impl Controller {
         for pc in &req.constraints {
             constraint_from_proto(pc).map_err(RpcError::invalid)?;
         }
-        // Freshness gate: root jobs only.
-        if name.is_root() {
+        // Freshness gate: root jobs only (a parent's handoff was checked there).
+        if name.is_root() && handoff.is_none() {
             check_revision_date(&req.client_revision_date, self.cfg.revision_date.as_deref())?;
         }
         // Auto device constraints.
@@ -309,12 +330,13 @@ impl Controller {
                 req.bundle_id
             )));
         }
-        let skip_band_ceiling = self.cfg.auth.is_some()
-            && crate::auth::caller().is_admin()
-            && matches!(
-                Band::from_code(req.priority_band),
-                Some(Band::System) | Some(Band::Production)
-            );
+        let skip_band_ceiling = handoff.is_some()
+            || (self.cfg.auth.is_some()
+                && caller.is_admin()
+                && matches!(
+                    Band::from_code(req.priority_band),
+                    Some(Band::System) | Some(Band::Production)
+                ));
         let (reply, rx) = tokio::sync::oneshot::channel();
         self.admissions
             .send(crate::Admission {
@@ -323,6 +345,7 @@ impl Controller {
                 user,
                 t,
                 skip_band_ceiling,
+                submitting_user,
                 reply,
             })
             .map_err(|_| RpcError::new(Code::Unavailable, "controller is shutting down"))?;
@@ -371,6 +394,7 @@ impl Controller {
                 a.t,
                 &workers,
                 a.skip_band_ceiling,
+                &a.submitting_user,
             );
             let sp = if r.is_ok() {
                 tx.prepare_cached("RELEASE admit")
@@ -426,6 +450,7 @@ impl Controller {
         t: i64,
         workers: &[iris_scheduler::Worker],
         skip_band_ceiling: bool,
+        submitting_user: &str,
     ) -> Result<(c::LaunchJobResponse, Option<(bool, String, Arc<JobSpec>)>), RpcError> {
         let res = req.resources.clone().unwrap_or_default();
         // Band resolution and authorization.
@@ -479,10 +504,40 @@ impl Controller {
             }
         }
         req.priority_band = band.code();
-        // Feasibility.
-        self.check_feasible(workers, &name, &req)?;
+        // Feasibility, and where the job runs (here, or queued for a federation peer).
+        let local = self.check_feasible(workers, &name, &req);
+        let route = self.classify_submit(&name, &mut req, local, submitting_user)?;
+        let handoff = req.federation.clone();
         // Existing job policy.
         let existing = ops::job_state_of(conn, name.as_str()).map_err(internal)?;
+        if let (Some(f), Some(_)) = (&handoff, existing) {
+            let h = iris_store::federation::handle(conn, name.as_str()).map_err(internal)?;
+            match h {
+                Some(h)
+                    if h.direction == iris_store::federation::RECEIVED
+                        && h.peer_id == f.requester_id =>
+                {
+                    if h.nonce == f.handoff_nonce {
+                        // A redelivery of the same handoff: acknowledge it again.
+                        return Ok((
+                            c::LaunchJobResponse {
+                                job_id: name.to_string(),
+                            },
+                            None,
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(RpcError::new(
+                        Code::AlreadyExists,
+                        format!(
+                        "job {name} already exists on this cluster and was not handed over by {}",
+                        f.requester_id
+                    ),
+                    ))
+                }
+            }
+        }
         if let Some(st) = existing {
             let policy = req.existing_job_policy;
             let running = !st.is_terminal();
@@ -551,7 +606,7 @@ impl Controller {
         let new = ops::NewJob {
             job_id: name.to_string(),
             user_id: user.clone(),
-            submitting_user: "local_admin".into(),
+            submitting_user: submitting_user.to_string(),
             parent_job_id: parent.as_ref().map(|p| p.to_string()),
             root_job_id: name.root_job().to_string(),
             depth: name.depth(),
@@ -559,6 +614,10 @@ impl Controller {
             failed: None,
             cfg,
             workdir_files: Vec::new(),
+            federated: match &route {
+                crate::federation::Route::Queue(peer) => Some(peer.clone()),
+                crate::federation::Route::Local => None,
+            },
         };
         let tx = conn;
         if existing.is_some() {
@@ -575,6 +634,32 @@ impl Controller {
             ops::delete_job(tx, name.as_str()).map_err(internal)?;
         }
         ops::insert_job(tx, &new, t).map_err(internal)?;
+        {
+            use iris_store::federation as sf;
+            if let crate::federation::Route::Queue(peer) = &route {
+                let nonce = crate::tick::new_uid() + &crate::tick::new_uid();
+                sf::insert_handle(tx, name.as_str(), sf::SENT, peer, &user, sf::QUEUED, &nonce)
+                    .map_err(internal)?;
+            } else if let Some(f) = &handoff {
+                let owner = if f.owner_principal.is_empty() {
+                    &user
+                } else {
+                    &f.owner_principal
+                };
+                sf::insert_handle(
+                    tx,
+                    name.as_str(),
+                    sf::RECEIVED,
+                    &f.requester_id,
+                    owner,
+                    sf::HANDED_OFF,
+                    &f.handoff_nonce,
+                )
+                .map_err(internal)?;
+                sf::append_changelog(tx, name.as_str(), &f.requester_id, None, false, t)
+                    .map_err(internal)?;
+            }
+        }
         let spec = Arc::new(JobSpec::from_request(req, band, user, name.depth()));
         Ok((
             c::LaunchJobResponse {
@@ -628,8 +713,9 @@ impl Controller {
     ) -> Result<c::GetJobStatusResponse, RpcError> {
         let conn = self.db();
         let reasons = lock(&self.pending_reasons);
-        let job = views::job_status(&conn, &req.job_id, &reasons)?
+        let mut job = views::job_status(&conn, &req.job_id, &reasons)?
             .ok_or_else(|| RpcError::not_found(format!("job {} not found", req.job_id)))?;
+        self.decorate_federated(&conn, &mut job)?;
         let mut request = self.spec(&conn, &req.job_id)?.map(|s| s.request.clone());
         if let Some(r) = request.as_mut() {
             if let Some(env) = r.environment.as_mut() {
@@ -714,7 +800,15 @@ impl Controller {
         &self,
         req: c::TerminateJobRequest,
     ) -> Result<job::Empty, RpcError> {
-        crate::auth::check_owner(&crate::auth::caller(), &req.job_id, "cancel")?;
+        let caller = crate::auth::caller();
+        if caller.role == iris_auth::Role::FederationPeer {
+            self.check_received_from(&req.job_id, &caller.user_id)?;
+        } else {
+            crate::auth::check_owner(&caller, &req.job_id, "cancel")?;
+        }
+        if self.cancel_federated(&req.job_id).await? {
+            return Ok(job::Empty {});
+        }
         let mut conn = self.db();
         let tx = conn.transaction().map_err(internal)?;
         let found = ops::kill_subtree(
@@ -740,6 +834,24 @@ impl Controller {
         req: c::CompleteJobRequest,
     ) -> Result<job::Empty, RpcError> {
         crate::auth::check_owner(&crate::auth::caller(), &req.job_id, "complete")?;
+        {
+            let conn = self.db();
+            if let Some(h) =
+                iris_store::federation::root_handle(&conn, &req.job_id).map_err(internal)?
+            {
+                if h.direction == iris_store::federation::SENT {
+                    return Err(RpcError::precondition(format!(
+                        "job {} runs on federation peer {}; complete it there (or cancel it here)",
+                        req.job_id,
+                        if h.peer_id.is_empty() {
+                            "(not yet chosen)"
+                        } else {
+                            &h.peer_id
+                        }
+                    )));
+                }
+            }
+        }
         let mut conn = self.db();
         let tx = conn.transaction().map_err(internal)?;
         if !ops::complete_job(&tx, &req.job_id, now()).map_err(internal)? {
@@ -777,7 +889,11 @@ impl Controller {
         };
         let conn = self.db();
         let reasons = lock(&self.pending_reasons);
-        views::list_jobs(&conn, &q, state, limit, &reasons)
+        let mut resp = views::list_jobs(&conn, &q, state, limit, &reasons)?;
+        for j in &mut resp.jobs {
+            self.decorate_federated(&conn, j)?;
+        }
+        Ok(resp)
     }
 
     pub(crate) async fn get_task_status(
@@ -1219,6 +1335,18 @@ impl Controller {
             ));
         }
         let min_level = iris_store::logs::parse_level(&req.min_level).map_err(RpcError::invalid)?;
+        let caller = crate::auth::caller();
+        if caller.role == iris_auth::Role::FederationPeer {
+            let key = req
+                .source
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .trim_end_matches('/');
+            self.check_received_from(key, &caller.user_id)?;
+        } else if let Some(peer) = self.log_peer(&req.source) {
+            return self.fetch_logs_from_peer(&peer, &req).await;
+        }
         let q = iris_store::logs::FetchQuery {
             source: req.source.clone(),
             scope,

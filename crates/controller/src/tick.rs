@@ -28,7 +28,14 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
         .await;
         let c = ctl.clone();
         let started = std::time::Instant::now();
-        let res = tokio::task::spawn_blocking(move || tick(&c)).await;
+        let res = tokio::task::spawn_blocking(move || {
+            let r = tick(&c);
+            if let Err(e) = crate::federation::tick_pass(&c) {
+                tracing::error!(error = %e.message, "federation placement pass failed");
+            }
+            r
+        })
+        .await;
         last_cost = started.elapsed();
         match res {
             Ok(Ok(workers)) => {
@@ -118,7 +125,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
         let mut st = tx
             .prepare_cached(
                 "SELECT t.task_id FROM tasks t JOIN jobs j ON j.job_id = t.job_id
-                 WHERE t.state = 1 AND j.scheduling_deadline_epoch_ms IS NOT NULL AND j.scheduling_deadline_epoch_ms < ?1",
+                 WHERE t.state = 1 AND t.cluster = 'local' AND j.scheduling_deadline_epoch_ms IS NOT NULL AND j.scheduling_deadline_epoch_ms < ?1",
             )
             .map_err(internal)?;
         let rows = st.query_map([now], |r| r.get(0)).map_err(internal)?;
@@ -131,7 +138,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
             .prepare_cached(
                 "SELECT t.task_id, a.worker_id FROM tasks t JOIN job_config c ON c.job_id = t.job_id
                  JOIN task_attempts a ON a.task_id = t.task_id AND a.attempt_id = t.current_attempt_id
-                 WHERE t.state IN (2, 3) AND c.timeout_ms IS NOT NULL AND a.started_at_ms IS NOT NULL
+                 WHERE t.state IN (2, 3) AND t.cluster = 'local' AND c.timeout_ms IS NOT NULL AND a.started_at_ms IS NOT NULL
                    AND a.started_at_ms + c.timeout_ms < ?1",
             )
             .map_err(internal)?;
@@ -194,21 +201,13 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
     // Budgets (§4.7): spend per user over active non-BATCH work; over a non-zero limit, a user's
     // INTERACTIVE work is scheduled as BATCH.
     let spend = crate::views::spend_by_user(&tx)?;
-    let limits: BTreeMap<String, i64> = {
-        let mut st = tx
-            .prepare_cached("SELECT user_id, budget_limit FROM user_budgets")
-            .map_err(internal)?;
-        let rows = st
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .map_err(internal)?;
-        rows.collect::<Result<_, _>>().map_err(internal)?
-    };
+    let limits = crate::accounts::limits(&tx)?;
     let pending = {
         let rows: Vec<(String, String, i64, i64, i64)> = {
             let mut st = tx
                 .prepare_cached(
                     "SELECT task_id, job_id, priority_root_submitted_ms, submitted_at_ms, priority_insertion
-                     FROM tasks WHERE state = 1",
+                     FROM tasks WHERE state = 1 AND cluster = 'local'",
                 )
                 .map_err(internal)?;
             let rows = st

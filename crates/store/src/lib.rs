@@ -4,6 +4,7 @@
 //! Architecture invariant: every state change goes through [`ops::apply_task_event`], which loads
 //! the task, calls `iris_types::transition`, and writes the result in the caller's transaction.
 
+pub mod federation;
 pub mod logs;
 pub mod ops;
 pub mod query;

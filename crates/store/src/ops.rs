@@ -49,6 +49,9 @@ pub struct NewJob {
     pub failed: Option<String>,
     pub cfg: JobConfigRow,
     pub workdir_files: Vec<(String, Vec<u8>)>,
+    /// `Some(peer)`: a job queued for a federation peer (`""` while unpinned). It gets no task
+    /// rows here: the peer runs it and its tasks are mirrored back.
+    pub federated: Option<String>,
 }
 
 fn code(s: TaskState) -> i32 {
@@ -82,11 +85,12 @@ pub fn insert_job(tx: &Connection, j: &NewJob, now: i64) -> Result<i64> {
         None => (JobState::Pending.code(), None, None),
     };
     let num_tasks = if j.failed.is_some() { 0 } else { j.num_tasks };
+    let cluster = j.federated.as_deref().unwrap_or("local");
     tx.prepare_cached(
         "INSERT INTO jobs(job_id, user_id, submitting_user, parent_job_id, root_job_id, depth, state,
             submitted_at_ms, root_submitted_at_ms, finished_at_ms, scheduling_deadline_epoch_ms, error,
             num_tasks, name, backend_id, cluster)
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,'default','local')",
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,'default',?15)",
     )?
     .execute(params![
         j.job_id,
@@ -103,6 +107,7 @@ pub fn insert_job(tx: &Connection, j: &NewJob, now: i64) -> Result<i64> {
         err,
         num_tasks,
         j.job_id.to_lowercase(),
+        cluster,
     ])?;
     let c = &j.cfg;
     tx.prepare_cached(
@@ -144,7 +149,7 @@ pub fn insert_job(tx: &Connection, j: &NewJob, now: i64) -> Result<i64> {
         )?
         .execute(params![j.job_id, name, data])?;
     }
-    if num_tasks > 0 {
+    if num_tasks > 0 && j.federated.is_none() {
         let first = meta_reserve(tx, "task_priority_insertion", num_tasks as i64)?;
         let mut st = tx.prepare_cached(
             "INSERT INTO tasks(task_id, job_id, task_index, state, submitted_at_ms, max_retries_failure,

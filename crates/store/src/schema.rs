@@ -204,4 +204,72 @@ CREATE TABLE meta (
         "0002_jobs_state_submitted_index",
         "CREATE INDEX idx_jobs_state_submitted ON jobs(state, submitted_at_ms);",
     ),
+    (
+        "0003_federation",
+        r#"
+CREATE TABLE federated_jobs (
+    job_id TEXT PRIMARY KEY REFERENCES jobs(job_id) ON DELETE CASCADE,
+    direction INTEGER NOT NULL,
+    peer_id TEXT NOT NULL DEFAULT '',
+    owner_principal TEXT NOT NULL DEFAULT '',
+    handoff_state INTEGER NOT NULL DEFAULT 3,
+    cancel_intent_version INTEGER NOT NULL DEFAULT 0,
+    handoff_nonce TEXT NOT NULL DEFAULT '',
+    backend_id TEXT NOT NULL DEFAULT '',
+    generation INTEGER NOT NULL DEFAULT 0,
+    promoted_at_ms INTEGER,
+    handed_off_at_ms INTEGER,
+    last_error TEXT
+);
+CREATE INDEX idx_federated_jobs_handoff ON federated_jobs(direction, handoff_state, peer_id);
+CREATE TABLE federation_sync_state (
+    peer_id TEXT PRIMARY KEY,
+    cursor TEXT NOT NULL
+);
+CREATE TABLE federation_changelog (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id TEXT NOT NULL,
+    requester_id TEXT NOT NULL,
+    task_index INTEGER,
+    tombstone INTEGER NOT NULL DEFAULT 0,
+    written_ms INTEGER NOT NULL
+);
+CREATE INDEX idx_federation_changelog_requester ON federation_changelog(requester_id, seq);
+CREATE TRIGGER federation_log_job_insert AFTER INSERT ON jobs
+WHEN NEW.depth > 1 AND EXISTS (SELECT 1 FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
+    SELECT NEW.job_id, f.peer_id, NULL, 0, CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1;
+END;
+CREATE TRIGGER federation_log_job_update AFTER UPDATE ON jobs
+WHEN EXISTS (SELECT 1 FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
+    SELECT NEW.job_id, f.peer_id, NULL, 0, CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1;
+END;
+CREATE TRIGGER federation_log_job_delete BEFORE DELETE ON jobs
+WHEN EXISTS (SELECT 1 FROM federated_jobs f WHERE f.job_id = OLD.root_job_id AND f.direction = 1)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
+    SELECT OLD.job_id, f.peer_id, NULL, 1, CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    FROM federated_jobs f WHERE f.job_id = OLD.root_job_id AND f.direction = 1;
+END;
+CREATE TRIGGER federation_log_task_update AFTER UPDATE ON tasks
+WHEN EXISTS (SELECT 1 FROM jobs j JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE j.job_id = NEW.job_id)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
+    SELECT NEW.job_id, f.peer_id, NEW.task_index, 0, CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    FROM jobs j JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE j.job_id = NEW.job_id;
+END;
+CREATE TRIGGER federation_log_attempt_change AFTER UPDATE ON task_attempts
+WHEN EXISTS (SELECT 1 FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE t.task_id = NEW.task_id)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
+    SELECT t.job_id, f.peer_id, t.task_index, 0, CAST(unixepoch('subsec') * 1000 AS INTEGER)
+    FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE t.task_id = NEW.task_id;
+END;
+"#,
+    ),
 ];

@@ -127,6 +127,8 @@ pub struct TestCluster {
     controller_args: Vec<String>,
     workers: Vec<Proc>,
     next_worker: usize,
+    /// Sent as `MARIN_CLUSTER_TOKEN` by [`TestCluster::iris`] and friends.
+    cli_token: Option<String>,
 }
 
 fn stop(p: &mut Proc) {
@@ -221,12 +223,17 @@ impl TestCluster {
         cmd.args(["cluster", "controller", "serve", "--state-dir"])
             .arg(&state_dir)
             .args(["--bind", "127.0.0.1:0", "--worker-grace", "2"]);
+        // The config goes with the other `serve` arguments, so restarts read it again (a test
+        // may rewrite `cluster.yaml` before a restart).
+        let mut controller_args: Vec<String> =
+            controller_args.iter().map(|s| s.to_string()).collect();
         if let Some(y) = config_yaml {
             let p = root.path().join("cluster.yaml");
             std::fs::write(&p, y).expect("config");
-            cmd.arg("--config").arg(p);
+            controller_args.push("--config".into());
+            controller_args.push(p.display().to_string());
         }
-        cmd.args(controller_args);
+        cmd.args(&controller_args);
         let child = cmd
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -241,9 +248,10 @@ impl TestCluster {
                 name: "controller".into(),
                 child,
             },
-            controller_args: controller_args.iter().map(|s| s.to_string()).collect(),
+            controller_args,
             workers: Vec::new(),
             next_worker: 0,
+            cli_token: None,
         };
         let url_file = tc.state_dir.join("controller.url");
         tc.url = wait_for(STARTUP, "controller.url to be written", || {
@@ -411,6 +419,19 @@ impl TestCluster {
         p.child.wait().expect("reap worker");
     }
 
+    /// CLI calls from now on send this token (`MARIN_CLUSTER_TOKEN`), or none.
+    pub fn set_cli_token(&mut self, token: Option<String>) {
+        self.cli_token = token;
+    }
+
+    fn cli(&self) -> Command {
+        let mut c = base_cmd(&self.ws);
+        if let Some(t) = &self.cli_token {
+            c.env("MARIN_CLUSTER_TOKEN", t);
+        }
+        c
+    }
+
     /// A path inside the cluster's temp dir (for pid files and the like).
     pub fn path(&self, name: &str) -> PathBuf {
         self.root.path().join(name)
@@ -418,7 +439,8 @@ impl TestCluster {
 
     /// Runs `iris --controller-url URL <args>` from the workspace dir.
     pub fn iris(&self, args: &[&str]) -> Out {
-        let o = base_cmd(&self.ws)
+        let o = self
+            .cli()
             .arg("--controller-url")
             .arg(&self.url)
             .args(args)
@@ -429,7 +451,7 @@ impl TestCluster {
 
     /// Starts `iris --controller-url URL <args>` without waiting (stdout and stderr piped).
     pub fn spawn_iris(&self, args: &[&str]) -> Child {
-        base_cmd(&self.ws)
+        self.cli()
             .arg("--controller-url")
             .arg(&self.url)
             .args(args)
@@ -442,7 +464,8 @@ impl TestCluster {
     /// Like [`TestCluster::iris`], feeding `input` on stdin.
     pub fn iris_stdin(&self, args: &[&str], input: &str) -> Out {
         use std::io::Write;
-        let mut child = base_cmd(&self.ws)
+        let mut child = self
+            .cli()
             .arg("--controller-url")
             .arg(&self.url)
             .args(args)

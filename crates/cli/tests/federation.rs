@@ -1,0 +1,357 @@
+//! Federation end to end (issue: "one hub, many clusters, every job lands where there is
+//! room"): three controllers on 127.0.0.1, each with its own workers and its own signing key
+//! from `iris cluster init-keys`; everything is driven through the hub with the `iris` CLI.
+
+mod common;
+
+use common::{wait_for, wait_until, TestCluster, WorkerSpec};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(90);
+
+/// `iris cluster init-keys --out-file dir/name.pem`: (path, public PEM).
+fn init_keys(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(format!("{name}.pem"));
+    let out = Command::new(common::IRIS)
+        .args(["cluster", "init-keys", "--out-file"])
+        .arg(&path)
+        .output()
+        .expect("init-keys");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = iris_auth::Keypair::from_pem(&std::fs::read_to_string(&path).expect("key"))
+        .expect("key parses");
+    (path, key.public_pem().expect("public pem"))
+}
+
+fn indent(pem: &str, n: usize) -> String {
+    pem.lines()
+        .map(|l| format!("{}{l}\n", " ".repeat(n)))
+        .collect()
+}
+
+/// A peer's config: enforcing auth, trusting `parent` (name → public PEM), admitting `allowed`.
+fn peer_yaml(name: &str, key: &Path, parent: (&str, &str), allowed: &str) -> String {
+    format!(
+        "name: {name}\nauth:\n  provider: token\n  signing_key: file:{}\n  allowed_submitters: {allowed}\n  federation_peers:\n    {}: |\n{}",
+        key.display(),
+        parent.0,
+        indent(parent.1, 6)
+    )
+}
+
+fn hub_yaml(key: &Path, peers: &[(&str, &str)]) -> String {
+    let mut y = format!(
+        "name: hub\nauth:\n  signing_key: file:{}\npeers:\n",
+        key.display()
+    );
+    for (id, url) in peers {
+        y.push_str(&format!("  {id}:\n    controller_address: {url}\n"));
+    }
+    y
+}
+
+fn hub_args() -> Vec<&'static str> {
+    vec![
+        "--federation-heartbeat",
+        "0.5",
+        "--federation-sync-interval",
+        "0.2",
+    ]
+}
+
+fn user_token(hub_key: &Path, user: &str) -> String {
+    let key =
+        iris_auth::Keypair::from_pem(&std::fs::read_to_string(hub_key).expect("key")).expect("key");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    key.mint("hub", "iris", user, "user", 3600, now, Default::default())
+        .expect("mint")
+}
+
+/// `job run --no-wait --job-name NAME <flags> -- <cmd>` on `c`; returns the job id.
+#[track_caller]
+fn run(c: &TestCluster, name: &str, flags: &[&str], cmd: &[&str]) -> String {
+    let mut args = vec!["job", "run", "--no-wait", "--job-name", name];
+    args.extend_from_slice(flags);
+    args.push("--");
+    args.extend_from_slice(cmd);
+    let o = c.iris(&args);
+    o.ok()
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+fn peers(hub: &TestCluster) -> Value {
+    let o = hub.iris(&["rpc", "controller", "list-peers"]);
+    serde_json::from_str(o.ok()).expect("list-peers JSON")
+}
+
+fn peer<'a>(v: &'a Value, id: &str) -> &'a Value {
+    v["peers"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["peerId"] == id))
+        .unwrap_or(&Value::Null)
+}
+
+fn wait_reachable(hub: &TestCluster, id: &str, want: bool) {
+    wait_until(LONG, &format!("peer {id} reachable={want}"), || {
+        peer(&peers(hub), id)["reachable"]
+            .as_bool()
+            .unwrap_or(false)
+            == want
+    });
+}
+
+fn wait_state(c: &TestCluster, job: &str, state: &str) -> Value {
+    wait_for(LONG, &format!("job {job} to be {state}"), || {
+        let v = c.summary(job);
+        (v["state"] == state).then_some(v)
+    })
+}
+
+#[test]
+fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (hub_key, hub_pub) = init_keys(keys.path(), "hub");
+    let (a_key, _) = init_keys(keys.path(), "cw-a");
+    let (b_key, _) = init_keys(keys.path(), "cw-b");
+    let (c_key, _) = init_keys(keys.path(), "cw-c");
+    let (_, stranger_pub) = init_keys(keys.path(), "stranger");
+
+    let mut a = TestCluster::start_with_config(
+        &[WorkerSpec::cpu(8).device("gpu:H100:8")],
+        Some(&peer_yaml("cw-a", &a_key, ("hub", &hub_pub), "[alice]")),
+    );
+    let b = TestCluster::start_with_config(
+        &[WorkerSpec::cpu(8).device("gpu:GB200:4")],
+        Some(&peer_yaml("cw-b", &b_key, ("hub", &hub_pub), "['*']")),
+    );
+    // cw-c trusts a different key under the hub's name: every hub token fails there.
+    let mut c = TestCluster::start_with_config(
+        &[WorkerSpec::cpu(2)],
+        Some(&peer_yaml("cw-c", &c_key, ("hub", &stranger_pub), "['*']")),
+    );
+    let mut hub = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(4)],
+        Some(&hub_yaml(
+            &hub_key,
+            &[("cw-a", &a.url), ("cw-b", &b.url), ("cw-c", &c.url)],
+        )),
+        &hub_args(),
+    );
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    wait_reachable(&hub, "cw-a", true);
+    wait_reachable(&hub, "cw-b", true);
+
+    // list-peers has the reference's shape.
+    let ps = peers(&hub);
+    let pa = peer(&ps, "cw-a");
+    assert_eq!(pa["controllerAddress"], a.url.as_str(), "{ps}");
+    let av = &pa["backends"][0]["availability"];
+    assert_eq!(av["version"], 3, "{ps}");
+    assert!(
+        av["observationEpochMs"].as_str().is_some() || av["observationEpochMs"].is_number(),
+        "{ps}"
+    );
+    assert_eq!(av["amounts"]["h100"], "8", "{ps}");
+    assert_eq!(av["totalAmounts"]["h100"], "8", "{ps}");
+    assert!(
+        !peer(&ps, "cw-c")["reachable"].as_bool().unwrap_or(false),
+        "{ps}"
+    );
+
+    // A CPU job runs on the hub itself.
+    let cpu = run(&hub, "cpu", &[], &["true"]);
+    assert!(cpu.starts_with("/alice/"), "{cpu}");
+    wait_state(&hub, &cpu, "succeeded");
+    assert_eq!(hub.job_status(&cpu)["cluster"], "local");
+
+    // H100x8 → cw-a, GB200x4 → cw-b, both under the same job id.
+    let h100 = run(
+        &hub,
+        "h100",
+        &["--gpu", "H100x8"],
+        &["sh", "-c", "echo rank0 train/loss 1.5; sleep 0.3"],
+    );
+    let gb200 = run(&hub, "gb200", &["--gpu", "GB200x4"], &["true"]);
+    wait_state(&hub, &h100, "succeeded");
+    wait_state(&hub, &gb200, "succeeded");
+    assert_eq!(hub.job_status(&h100)["cluster"], "cw-a");
+    assert_eq!(hub.job_status(&gb200)["cluster"], "cw-b");
+    assert_eq!(a.job_state(&h100).as_deref(), Some("succeeded"));
+    assert_eq!(b.job_state(&gb200).as_deref(), Some("succeeded"));
+    assert_eq!(hub.job_status(&h100)["peerStatus"], "PEER_STATUS_SYNCED");
+    // Logs of the remote job read through the hub.
+    let logs = hub.iris(&["job", "logs", &h100]);
+    assert!(
+        logs.ok().contains("rank0 train/loss 1.5"),
+        "{}",
+        logs.stdout
+    );
+    // task describe on the hub shows the mirrored attempt.
+    let td = hub.iris(&["task", "describe", &format!("{h100}/0")]);
+    assert!(td.ok().contains("succeeded"), "{}", td.stdout);
+    // The handoff record is queryable on the hub (admin: the hub's loopback CLI without a token).
+    hub.set_cli_token(None);
+    let rows = hub.query(&format!(
+        "SELECT job_id, peer_id, owner_principal, handoff_state FROM federated_jobs WHERE job_id = '{h100}'"
+    ));
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["peer_id"], "cw-a");
+    assert_eq!(rows[0]["owner_principal"], "alice");
+    assert_eq!(rows[0]["handoff_state"], 1);
+
+    // --target-cluster pins a CPU job to cw-b.
+    let pinned = run(&hub, "pinned", &["--target-cluster", "cw-b"], &["true"]);
+    wait_state(&hub, &pinned, "succeeded");
+    assert_eq!(b.job_state(&pinned).as_deref(), Some("succeeded"));
+
+    // A region nobody advertises: refused at submit.
+    let o = hub.iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--job-name",
+        "mars",
+        "--gpu",
+        "H100x8",
+        "--region",
+        "mars-1",
+        "--",
+        "true",
+    ]);
+    let e = o.err();
+    assert!(e.contains("unschedulable"), "{e}");
+    // A pin to a peer that does not exist.
+    let o = hub.iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--target-cluster",
+        "nope",
+        "--",
+        "true",
+    ]);
+    assert!(
+        o.err().contains("not a configured federation peer"),
+        "{}",
+        o.stderr
+    );
+
+    // A child that would route to a peer is refused with the hint.
+    let parent = run(&hub, "parent", &[], &["sleep", "30"]);
+    wait_state(&hub, &parent, "running");
+    let o = hub.iris(&[
+        "rpc",
+        "controller",
+        "launch-job",
+        "--json",
+        &serde_json::json!({
+            "name": format!("{parent}/gpu-child"),
+            "entrypoint": {"runCommand": {"argv": ["true"]}},
+            "resources": {"cpuMillicores": 1000, "memoryBytes": "1073741824",
+                          "device": {"gpu": {"variant": "H100", "count": 8}}},
+            "replicas": 1
+        })
+        .to_string(),
+    ]);
+    assert!(
+        o.code != 0
+            && o.stdout.contains("only whole root jobs federate")
+            && o.stdout.contains("--target-cluster"),
+        "{o:?}"
+    );
+    hub.iris(&["job", "cancel", &parent]).ok();
+
+    // Refusals end KILLED with the peer's reason: a submitter cw-a does not admit…
+    hub.set_cli_token(Some(user_token(&hub_key, "bob")));
+    let bobs = run(&hub, "bobs", &["--gpu", "H100x8"], &["true"]);
+    let v = wait_state(&hub, &bobs, "killed");
+    let err = hub.job_status(&bobs)["error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        err.contains("Peer cw-a rejected the handoff") && err.contains("allowed_submitters"),
+        "{err} {v}"
+    );
+    assert_eq!(a.job_state(&bobs), None, "cw-a must not have bob's job");
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    // …a peer that holds a different key for the hub…
+    let forged = run(&hub, "wrongkey", &["--target-cluster", "cw-c"], &["true"]);
+    wait_state(&hub, &forged, "killed");
+    let err = hub.job_status(&forged)["error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        err.contains("Peer cw-c rejected the handoff") && err.contains("invalid token"),
+        "{err}"
+    );
+    assert_eq!(c.job_state(&forged), None);
+    // …and a peer that does not know the hub as an issuer at all.
+    let other = peer_yaml("cw-c", &c_key, ("elsewhere", &hub_pub), "['*']");
+    std::fs::write(c.path("cluster.yaml"), other).expect("rewrite cw-c config");
+    c.restart_controller();
+    let unknown = run(
+        &hub,
+        "unknown-issuer",
+        &["--target-cluster", "cw-c"],
+        &["true"],
+    );
+    wait_state(&hub, &unknown, "killed");
+    let err = hub.job_status(&unknown)["error"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(err.contains("Peer cw-c rejected the handoff"), "{err}");
+    assert_eq!(c.job_state(&unknown), None);
+
+    // Cancel on the hub reaches the peer.
+    let long = run(&hub, "long", &["--gpu", "H100x8"], &["sleep", "300"]);
+    wait_state(&hub, &long, "running");
+    wait_for(LONG, "cw-a to run it", || {
+        (a.job_state(&long).as_deref() == Some("running")).then_some(())
+    });
+    hub.iris(&["job", "cancel", &long]).ok();
+    wait_for(LONG, "cw-a to kill it", || {
+        (a.job_state(&long).as_deref() == Some("killed")).then_some(())
+    });
+    wait_state(&hub, &long, "killed");
+
+    // A running job on cw-a survives its controller's crash; while cw-a is down the hub shows
+    // it unreachable and queues a pinned job with the unreachable reason.
+    let survivor = run(&hub, "survivor", &["--gpu", "H100x8"], &["sleep", "4"]);
+    wait_state(&hub, &survivor, "running");
+    a.kill_controller();
+    wait_reachable(&hub, "cw-a", false);
+    let queued = run(&hub, "while-down", &["--target-cluster", "cw-a"], &["true"]);
+    wait_until(LONG, "the unreachable reason", || {
+        hub.job_status(&queued)["pendingReason"]
+            == "Peer cw-a is unreachable; queued until it reconnects"
+    });
+    a.start_controller_again();
+    wait_reachable(&hub, "cw-a", true);
+    wait_state(&hub, &survivor, "succeeded");
+    wait_state(&hub, &queued, "succeeded");
+    // Nothing lost or duplicated: every job the hub sent to cw-a exists there exactly once.
+    for j in [&h100, &long, &survivor, &queued] {
+        let n = a.query_i64(&format!("SELECT count(*) FROM jobs WHERE job_id = '{j}'"));
+        assert_eq!(n, 1, "{j} on cw-a");
+    }
+    drop(c);
+}
