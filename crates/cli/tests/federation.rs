@@ -355,3 +355,135 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     }
     drop(c);
 }
+
+/// Acceptance 2 and 3: a full peer is waited on at the same band and reclaimed by a higher one;
+/// the reservation ledger bounds promotions per heartbeat; a job cancelled while queued never
+/// reaches the peer.
+#[test]
+fn capacity_reclaim_ledger_and_queued_cancel() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (hub_key, hub_pub) = init_keys(keys.path(), "hub");
+    let (a_key, _) = init_keys(keys.path(), "cw-a");
+    let a = TestCluster::start_with_config(
+        &[
+            WorkerSpec::cpu(8).device("gpu:H100:8"),
+            WorkerSpec::cpu(8).device("gpu:H100:8"),
+        ],
+        Some(&peer_yaml("cw-a", &a_key, ("hub", &hub_pub), "['*']")),
+    );
+    let mut hub = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(4)],
+        Some(&hub_yaml(&hub_key, &[("cw-a", &a.url)])),
+        &hub_args(),
+    );
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    wait_reachable(&hub, "cw-a", true);
+
+    // Fill cw-a with BATCH work submitted there directly.
+    let fill: Vec<String> = (0..2)
+        .map(|i| {
+            run(
+                &a,
+                &format!("fill-{i}"),
+                &["--gpu", "H100x8", "--priority", "batch"],
+                &["sleep", "300"],
+            )
+        })
+        .collect();
+    for j in &fill {
+        wait_state(&a, j, "running");
+    }
+    // The hub's view: nothing free, 16 H100 held at BATCH.
+    wait_until(LONG, "the hub to see cw-a's BATCH holdings", || {
+        let ps = peers(&hub);
+        let av = &peer(&ps, "cw-a")["backends"][0]["availability"];
+        av["amounts"]["h100"].as_str().unwrap_or("0") == "0"
+            && av["heldByBand"][0]["band"] == "PRIORITY_BAND_BATCH"
+            && av["heldByBand"][0]["amounts"]["h100"] == "16"
+    });
+
+    // A BATCH job cannot reclaim BATCH capacity: it waits on the hub.
+    let waits = run(
+        &hub,
+        "batch-waits",
+        &["--gpu", "H100x8", "--priority", "batch"],
+        &["true"],
+    );
+    wait_until(LONG, "the queued reason", || {
+        hub.job_status(&waits)["pendingReason"]
+            == "Queued for a federation peer to report free capacity"
+    });
+    // An INTERACTIVE job is promoted against the reclaimable BATCH holdings and cw-a preempts.
+    let urgent = run(&hub, "urgent", &["--gpu", "H100x8"], &["sleep", "0.5"]);
+    wait_state(&hub, &urgent, "succeeded");
+    let preempted = a.query_i64(
+        "SELECT count(*) FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+         WHERE t.job_id LIKE '%/fill-%' AND a.state = 10",
+    );
+    assert!(preempted >= 1, "cw-a preempted no BATCH attempt");
+    // The BATCH job is still queued; cancelled there, it never reaches cw-a.
+    hub.set_cli_token(None);
+    assert_eq!(
+        hub.query_i64(&format!(
+            "SELECT handoff_state FROM federated_jobs WHERE job_id = '{waits}'"
+        )),
+        3
+    );
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    hub.iris(&["job", "cancel", &waits]).ok();
+    let v = wait_state(&hub, &waits, "killed");
+    assert!(
+        hub.job_status(&waits)["error"] == "Cancelled before handoff",
+        "{v}"
+    );
+    for j in &fill {
+        a.iris(&["job", "cancel", j]).ok();
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        a.job_state(&waits),
+        None,
+        "a job cancelled while queued reached the peer"
+    );
+
+    // 50 H100x8 jobs against 2 free nodes: at most 2 promotions per heartbeat observation, and
+    // every job eventually succeeds.
+    let burst: Vec<String> = (0..50)
+        .map(|i| {
+            run(
+                &hub,
+                &format!("burst-{i}"),
+                &["--gpu", "H100x8"],
+                &["sleep", "0.2"],
+            )
+        })
+        .collect();
+    hub.set_cli_token(None);
+    wait_until(
+        Duration::from_secs(240),
+        "all 50 burst jobs to succeed",
+        || {
+            hub.query_i64(
+                "SELECT count(*) FROM jobs WHERE job_id LIKE '/alice/burst-%' AND state = 4",
+            ) == 50
+        },
+    );
+    let per_generation = hub.query(
+        "SELECT generation, count(*) AS n FROM federated_jobs
+         WHERE job_id LIKE '/alice/burst-%' GROUP BY generation ORDER BY n DESC",
+    );
+    assert!(per_generation.len() >= 25, "{per_generation:?}");
+    for row in &per_generation {
+        assert!(
+            row["generation"].as_i64().unwrap_or(0) > 0,
+            "a burst job was promoted without a measured backend: {row}"
+        );
+        assert!(
+            row["n"].as_i64().unwrap_or(99) <= 2,
+            "more than 2 promotions against one observation: {per_generation:?}"
+        );
+    }
+    for j in &burst {
+        assert_eq!(a.job_state(j).as_deref(), Some("succeeded"), "{j} on cw-a");
+    }
+}
