@@ -16,6 +16,9 @@ pub enum BenchCmd {
     /// Controller resident memory and `iris job list` latency, empty and with N queued jobs
     /// (a separate `iris cluster controller serve` process, no workers).
     Memory(crate::bench_memory::MemoryArgs),
+    /// Federation: hub-to-peer handoff throughput, and the submit-to-RUNNING latency a handoff
+    /// adds (a hub and its peers in-process, null-auth).
+    Federation(crate::bench_federation::FederationArgs),
 }
 
 #[derive(Args)]
@@ -56,6 +59,7 @@ pub(crate) fn request(name: String) -> c::LaunchJobRequest {
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     let cmd = match cmd {
         BenchCmd::Memory(a) => return crate::bench_memory::run(a).await,
+        BenchCmd::Federation(a) => return crate::bench_federation::run(a).await,
         other => other,
     };
     let dir = tempdir()?;
@@ -66,7 +70,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     let result = match cmd {
         BenchCmd::Submit(a) => submit(&url, a).await,
         BenchCmd::Latency(a) => latency(&url, &dir, a).await,
-        BenchCmd::Memory(_) => unreachable!("handled above"),
+        BenchCmd::Memory(_) | BenchCmd::Federation(_) => unreachable!("handled above"),
     };
     ctl.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,6 +1,7 @@
 //! `iris`: the command-line interface, controller, worker and local cluster in one binary.
 
 mod bench;
+mod bench_federation;
 mod bench_memory;
 mod config;
 mod keys;
