@@ -251,6 +251,27 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     // Local mode rewrites any config for local use (as the reference does): checkpoints go next
     // to the state dir, never to the config's cloud bucket.
     ccfg.remote_state_dir = Some(state_dir.join("remote-state").display().to_string());
+    ccfg.auth = crate::keys::auth_from_config(&cfg)?;
+    // With auth on, the printed dashboard URL logs the local user in (a 1-hour admin session).
+    let session = ccfg.auth.as_ref().map(|a| {
+        let user = std::env::var("USER").unwrap_or_else(|_| "local-admin".into());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        a.keypair
+            .mint(
+                &a.issuer,
+                "iris",
+                &user,
+                "admin",
+                3600,
+                now,
+                Default::default(),
+            )
+            .map_err(|e| anyhow::anyhow!("minting the dashboard session token: {e}"))
+    });
+    let session = session.transpose()?;
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
     std::fs::write(state_dir.join("controller.url"), &url)
@@ -258,7 +279,7 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     println!("Controller started at {url}");
     println!("State dir: {}", state_dir.display());
     let dashboard_bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.dashboard_port));
-    let dashboard = start_dashboard(&url, dashboard_bind).await?;
+    let dashboard = start_dashboard(&url, dashboard_bind, session).await?;
     let mut workers = Vec::new();
     for g in &groups {
         for i in 0..g.count {
@@ -394,7 +415,7 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         .context("recording the controller address")?;
     println!("Controller started at {url}");
     let dashboard = match a.dashboard_bind {
-        Some(bind) => Some(start_dashboard(&url, bind).await?),
+        Some(bind) => Some(start_dashboard(&url, bind, None).await?),
         None => None,
     };
     shutdown_signal().await;
@@ -409,9 +430,14 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
 async fn start_dashboard(
     url: &str,
     bind: std::net::SocketAddr,
+    session: Option<String>,
 ) -> anyhow::Result<iris_dashboard::Shutdown> {
     let (addr, handle) = iris_dashboard::serve(url.to_string(), bind).await?;
-    println!("Dashboard: http://{addr}/");
+    match session {
+        // The dashboard turns the token into a cookie and redirects it out of the URL.
+        Some(t) => println!("Dashboard: http://{addr}/jobs?session_token={t}"),
+        None => println!("Dashboard: http://{addr}/"),
+    }
     Ok(handle)
 }
 

@@ -117,6 +117,10 @@ fn now() -> u64 {
 
 impl Env {
     fn start(extra_auth: &str) -> Env {
+        Env::start_with_args(extra_auth, &[])
+    }
+
+    fn start_with_args(extra_auth: &str, args: &[&str]) -> Env {
         let home = tempfile::tempdir().expect("home");
         let key_path = home.path().join("signing.pem");
         let out = Command::new(env!("CARGO_BIN_EXE_iris"))
@@ -137,7 +141,7 @@ impl Env {
             "name: authtest\nauth:\n  provider: token\n  signing_key: file:{}\n  admin_users: [root]\n  user_roles: {{viewer: dashboard}}\n{extra_auth}",
             key_path.display()
         );
-        let cluster = TestCluster::start_with_config(&[WorkerSpec::cpu(4)], Some(&yaml));
+        let cluster = TestCluster::start_with_args(&[WorkerSpec::cpu(4)], Some(&yaml), args);
         let proxy = start_proxy(&cluster.url);
         Env {
             cluster,
@@ -580,4 +584,119 @@ fn a_task_submits_its_child_with_the_token_the_controller_minted() {
     );
     let attempts = env.cluster.query("SELECT count(*) AS n FROM jobs WHERE job_id = '/alice/parent/kid' AND parent_job_id = '/alice/parent'");
     assert_eq!(attempts[0]["n"], 1, "{attempts:?}");
+}
+
+/// A raw GET with an optional cookie: (status, response head, body).
+fn http_get_cookie(url: &str, path: &str, cookie: Option<&str>) -> (u16, String, String) {
+    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = TcpStream::connect(hostport).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let cookie = cookie
+        .map(|c| format!("Cookie: {c}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\n{cookie}Connection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), body.to_string())
+}
+
+/// Issue 8 under auth: the dashboard acts as the browser's user, logs in from a one-time
+/// `?session_token=` URL (the token then lives only in an HttpOnly cookie), shows the
+/// `dashboard` role read-only pages and keeps Query for admins.
+#[test]
+fn dashboard_login_and_roles() {
+    let env = Env::start_with_args("", &["--dashboard-bind", "127.0.0.1:0"]);
+    let log = env.cluster.path("controller.log");
+    let dash = common::wait_for(common::STARTUP, "the dashboard address", || {
+        std::fs::read_to_string(&log).ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Dashboard: "))
+                .map(|u| u.trim().trim_end_matches('/').to_string())
+        })
+    });
+    let admin = env.user("root", "admin");
+    let (ok, out, err) = env.iris(
+        Some(&admin),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--job-name",
+            "seen",
+            "--",
+            "true",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+
+    // No session: the dashboard's own loopback connection does not make the browser an admin.
+    let (status, _, body) = http_get_cookie(&dash, "/jobs", None);
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("session_token"), "{body}");
+
+    // The login URL sets an HttpOnly cookie and redirects to a URL without the token.
+    let (status, head, _) = http_get_cookie(
+        &dash,
+        &format!("/jobs?state=all&session_token={admin}"),
+        None,
+    );
+    assert_eq!(status, 303, "{head}");
+    let location = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("location: ")
+                .or_else(|| l.strip_prefix("Location: "))
+        })
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(location, "/jobs?state=all", "{head}");
+    assert!(!location.contains(&admin));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("set-cookie: iris_session="),
+        "{head}"
+    );
+    assert!(head.contains("HttpOnly"), "{head}");
+
+    let admin_cookie = format!("iris_session={admin}");
+    let (status, _, body) = http_get_cookie(&dash, "/jobs", Some(&admin_cookie));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("/root/seen"), "admin sees the job");
+    assert!(!body.contains(&admin), "the token never appears in a page");
+    let (status, _, body) = http_get_cookie(&dash, "/query?sql=SELECT+1", Some(&admin_cookie));
+    assert_eq!(status, 200, "{body}");
+
+    // The dashboard role reads pages but not Query.
+    let viewer = format!("iris_session={}", env.user("viewer", "user"));
+    let (status, _, body) = http_get_cookie(&dash, "/jobs", Some(&viewer));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("/root/seen"), "{body}");
+    let (status, _, body) = http_get_cookie(&dash, "/query", Some(&viewer));
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("admin role"), "{body}");
+    // A forged session is refused, not downgraded.
+    let forged = iris_auth::Keypair::generate()
+        .mint(
+            "authtest",
+            "iris",
+            "root",
+            "admin",
+            3600,
+            now(),
+            BTreeMap::new(),
+        )
+        .expect("mint");
+    let (status, _, _) = http_get_cookie(&dash, "/jobs", Some(&format!("iris_session={forged}")));
+    assert_eq!(status, 401);
 }

@@ -54,12 +54,30 @@ impl Api {
         })
     }
 
+    /// This client acting for one browser: its session token (if any) as the bearer, and its
+    /// address as `x-forwarded-for`, so the controller authenticates the browser's user and never
+    /// treats the dashboard's own loopback connection as the anonymous admin.
+    pub fn for_caller(&self, token: Option<String>, peer: &str) -> Api {
+        Api {
+            cl: self
+                .cl
+                .clone()
+                .with_token(token)
+                .with_forwarded_for(Some(peer.to_string())),
+        }
+    }
+
     async fn ctl<Req: prost::Message, Resp: prost::Message + Default>(
         &self,
         method: &str,
         req: &Req,
     ) -> Result<Resp, RpcError> {
         self.cl.call(CONTROLLER, method, req, TIMEOUT).await
+    }
+
+    pub async fn current_user(&self) -> Result<iris_proto::job::GetCurrentUserResponse, RpcError> {
+        self.ctl("GetCurrentUser", &iris_proto::job::GetCurrentUserRequest {})
+            .await
     }
 
     pub async fn list_jobs(&self, q: c::JobQuery) -> Result<c::ListJobsResponse, RpcError> {

@@ -6,8 +6,12 @@
 //! pictures; a small hand-written script (embedded, like the stylesheet) refreshes each page's
 //! live region, follows logs and runs the find box.
 //!
-//! **API Boundary:** read-only. There is no login yet (the project has no auth): bind it to
-//! loopback, or put it behind something that authenticates.
+//! **API Boundary:** read-only. Every call to the controller is made as the browser's user: the
+//! session token from the `iris_session` cookie (set from a one-time `?session_token=` login URL,
+//! which is then redirected away so the token never stays in the address bar or later links) as
+//! the bearer, and the browser's address as `x-forwarded-for`, so the controller applies that
+//! user's role (the `dashboard` role reads; only admins run Query) and never mistakes the
+//! dashboard's loopback connection for its anonymous admin.
 
 mod api;
 pub mod fmt;
@@ -17,10 +21,12 @@ pub mod svg;
 
 pub use api::{Api, Table};
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 use iris_proto::cluster::controller as c;
 use iris_proto::finelog_logging as fl;
@@ -63,11 +69,14 @@ pub async fn serve(
     let app = router(api);
     // Owned by the returned `Shutdown`: stops when it fires or is dropped.
     let server = tokio::spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await;
+        let r = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = rx.await;
+        })
+        .await;
         if let Err(e) = r {
             tracing::error!(error = %e, "dashboard server stopped");
         }
@@ -89,7 +98,57 @@ pub fn router(api: Api) -> Router {
         .route("/backends", get(backends))
         .route("/scheduler", get(scheduler))
         .route("/query", get(query))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), session))
         .with_state(api)
+}
+
+const SESSION_COOKIE: &str = "iris_session";
+
+/// Login and per-request identity: `?session_token=T` sets the session cookie and redirects to
+/// the same URL without the token; every other request gets an [`Api`] acting for its caller.
+async fn session(State(api): State<Api>, mut req: Request, next: Next) -> Response {
+    let query = req.uri().query().unwrap_or("").to_string();
+    let mut token = None;
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("session_token", v)) => token = Some(v.to_string()),
+            _ => rest.push(pair),
+        }
+    }
+    if let Some(t) = token.filter(|t| !t.is_empty()) {
+        let path = req.uri().path();
+        let location = if rest.is_empty() {
+            path.to_string()
+        } else {
+            format!("{path}?{}", rest.join("&"))
+        };
+        let cookie = format!("{SESSION_COOKIE}={t}; Path=/; HttpOnly; SameSite=Strict");
+        let mut r = Redirect::to(&location).into_response();
+        if let Ok(v) = HeaderValue::from_str(&cookie) {
+            r.headers_mut().insert(header::SET_COOKIE, v);
+        }
+        r.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        return r;
+    }
+    let cookie_token = req
+        .headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == SESSION_COOKIE)
+        .map(|(_, v)| v.to_string());
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    req.extensions_mut()
+        .insert(api.for_caller(cookie_token, &peer));
+    next.run(req).await
 }
 
 fn now_ms() -> i64 {
@@ -136,6 +195,8 @@ fn status_of(e: &RpcError) -> StatusCode {
     match e.code {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::Unavailable | Code::DeadlineExceeded => StatusCode::BAD_GATEWAY,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -147,14 +208,23 @@ fn fail(headers: &HeaderMap, nav: Nav, title: &str, e: &RpcError) -> Response {
     }
     respond(
         headers,
-        pages::error_page(nav, title, &e.message),
+        pages::error_page(nav, title, &error_message(e)),
         status_of(e),
     )
 }
 
+/// The message a page shows for a failed call; a missing login says how to sign in.
+fn error_message(e: &RpcError) -> String {
+    if e.code == Code::Unauthenticated {
+        format!("{} — sign in by opening the dashboard URL printed by `iris cluster start --local`, or append ?session_token=<token> to this page's URL (`iris user token mint <user> --role dashboard`).", e.message)
+    } else {
+        e.message.clone()
+    }
+}
+
 /// The Jobs page: ListJobs under the filters, plus job counts by state for the bar.
 pub async fn jobs(
-    State(api): State<Api>,
+    Extension(api): Extension<Api>,
     Query(f): Query<pages::JobsFilter>,
     headers: HeaderMap,
 ) -> Response {
@@ -163,9 +233,13 @@ pub async fn jobs(
     let counts = counts
         .map(|t| pages::state_counts(&t, true))
         .unwrap_or_default();
+    let shown;
     let (status, list) = match &list {
         Ok(r) => (StatusCode::OK, Ok(r)),
-        Err(e) => (status_of(e), Err(e.message.as_str())),
+        Err(e) => {
+            shown = error_message(e);
+            (status_of(e), Err(shown.as_str()))
+        }
     };
     respond(
         &headers,
@@ -181,7 +255,7 @@ struct JobParams {
 }
 
 async fn job(
-    State(api): State<Api>,
+    Extension(api): Extension<Api>,
     Path(id): Path<String>,
     Query(p): Query<JobParams>,
     headers: HeaderMap,
@@ -236,7 +310,11 @@ async fn job(
     respond(&headers, pages::job_page(&view), StatusCode::OK)
 }
 
-async fn task(State(api): State<Api>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+async fn task(
+    Extension(api): Extension<Api>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let id = format!("/{}", id.trim_matches('/'));
     let logs_req = fl::FetchLogsRequest {
         source: format!("{id}:"),
@@ -293,7 +371,7 @@ async fn job_active(api: &Api, job_id: &str) -> bool {
 }
 
 async fn logs(
-    State(api): State<Api>,
+    Extension(api): Extension<Api>,
     Path(id): Path<String>,
     Query(f): Query<pages::LogsFilter>,
     headers: HeaderMap,
@@ -396,7 +474,7 @@ async fn open_holds(api: &Api) -> Result<Vec<model::Hold>, RpcError> {
     Ok(t.rows.iter().map(|r| model::Hold::from_row(r)).collect())
 }
 
-async fn workers(State(api): State<Api>, headers: HeaderMap) -> Response {
+async fn workers(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
     let (ws, holds) = tokio::join!(api.list_workers(), open_holds(&api));
     let committed = model::committed(&holds.unwrap_or_default());
     let (status, ws) = match &ws {
@@ -410,7 +488,7 @@ async fn workers(State(api): State<Api>, headers: HeaderMap) -> Response {
     )
 }
 
-async fn backends(State(api): State<Api>, headers: HeaderMap) -> Response {
+async fn backends(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
     let (ws, holds) = tokio::join!(api.list_workers(), open_holds(&api));
     let r = match (ws, holds) {
         (Ok(w), Ok(h)) => Ok(model::variants(&w.workers, &h)),
@@ -427,7 +505,7 @@ async fn backends(State(api): State<Api>, headers: HeaderMap) -> Response {
 const SCHEDULER_JOBS_WITH_REASONS: usize = 20;
 const SCHEDULER_TASKS_PER_JOB: usize = 20;
 
-async fn scheduler(State(api): State<Api>, headers: HeaderMap) -> Response {
+async fn scheduler(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
     let st = match api.scheduler_state().await {
         Ok(s) => s,
         Err(e) => {
@@ -474,10 +552,25 @@ struct QueryParams {
 }
 
 async fn query(
-    State(api): State<Api>,
+    Extension(api): Extension<Api>,
     Query(q): Query<QueryParams>,
     headers: HeaderMap,
 ) -> Response {
+    // Admin only: say so up front instead of offering a form that can only fail.
+    match api.current_user().await {
+        Ok(me) if me.role != "admin" => {
+            let e = RpcError::new(
+                Code::PermissionDenied,
+                format!(
+                    "the Query page needs the admin role (you are {} with role {})",
+                    me.user_id, me.role
+                ),
+            );
+            return fail(&headers, Nav::Query, "Query", &e);
+        }
+        Ok(_) => {}
+        Err(e) => return fail(&headers, Nav::Query, "Query", &e),
+    }
     let sql = q.sql.trim();
     if sql.is_empty() {
         return respond(&headers, pages::query_page("", None, 0.0), StatusCode::OK);

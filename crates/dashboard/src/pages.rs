@@ -87,7 +87,7 @@ pub fn layout(p: &Page) -> Markup {
                             (item(Nav::Query, "/query", "Query"))
                         }
                     }
-                    span.note title="The dashboard is read-only and has no login yet" { "read-only · no auth" }
+                    span.note title="The dashboard only reads; it acts as your session's user" { "read-only" }
                 }
                 main #main tabindex="-1" {
                     (p.head)

@@ -284,6 +284,9 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// Sent as `x-forwarded-for` (a relay such as the dashboard naming its own caller, so the
+    /// controller never mistakes the relay's loopback connection for the caller).
+    forwarded_for: Option<String>,
     /// Parsed URL per `service/method`: parsing (with IDNA) on every call showed in profiles.
     urls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, reqwest::Url>>>,
 }
@@ -299,6 +302,7 @@ impl Client {
             http,
             base: base.trim_end_matches('/').to_string(),
             token: None,
+            forwarded_for: None,
             urls: Default::default(),
         })
     }
@@ -306,6 +310,12 @@ impl Client {
     /// Sends `authorization: Bearer <token>` on every call.
     pub fn with_token(mut self, token: Option<String>) -> Self {
         self.token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// Sends `x-forwarded-for: <addr>` on every call.
+    pub fn with_forwarded_for(mut self, addr: Option<String>) -> Self {
+        self.forwarded_for = addr.filter(|a| !a.is_empty());
         self
     }
 
@@ -348,6 +358,9 @@ impl Client {
             .body(req.encode_to_vec());
         if let Some(t) = &self.token {
             rb = rb.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(f) = &self.forwarded_for {
+            rb = rb.header("x-forwarded-for", f.as_str());
         }
         let resp = rb.send().await.map_err(|e| {
             RpcError::new(
