@@ -122,6 +122,22 @@ fn wait_state(c: &TestCluster, job: &str, state: &str) -> Value {
     })
 }
 
+fn http_get(url: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let hostport = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(hostport).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    resp
+}
+
 #[test]
 fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     let keys = tempfile::tempdir().expect("keys dir");
@@ -371,10 +387,12 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
         ],
         Some(&peer_yaml("cw-a", &a_key, ("hub", &hub_pub), "['*']")),
     );
+    let mut args = hub_args();
+    args.extend(["--dashboard-bind", "127.0.0.1:0"]);
     let mut hub = TestCluster::start_with_args(
         &[WorkerSpec::cpu(4)],
         Some(&hub_yaml(&hub_key, &[("cw-a", &a.url)])),
-        &hub_args(),
+        &args,
     );
     hub.set_cli_token(Some(user_token(&hub_key, "alice")));
     wait_reachable(&hub, "cw-a", true);
@@ -401,6 +419,22 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
             && av["heldByBand"][0]["band"] == "PRIORITY_BAND_BATCH"
             && av["heldByBand"][0]["amounts"]["h100"] == "16"
     });
+
+    // The dashboard's Peers page shows the same picture.
+    let log = hub.path("controller.log");
+    let dash = wait_for(LONG, "the hub dashboard address", || {
+        std::fs::read_to_string(&log).ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Dashboard: "))
+                .map(|u| u.trim().trim_end_matches('/').to_string())
+        })
+    });
+    let page = http_get(&dash, "/peers");
+    assert!(
+        page.contains("cw-a") && page.contains("reachable"),
+        "{page}"
+    );
+    assert!(page.contains("0/16") && page.contains("batch"), "{page}");
 
     // A BATCH job cannot reclaim BATCH capacity: it waits on the hub.
     let waits = run(

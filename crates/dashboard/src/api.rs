@@ -80,6 +80,10 @@ impl Api {
             .await
     }
 
+    pub async fn list_peers(&self) -> Result<c::ListPeersResponse, RpcError> {
+        self.ctl("ListPeers", &c::ListPeersRequest {}).await
+    }
+
     pub async fn list_jobs(&self, q: c::JobQuery) -> Result<c::ListJobsResponse, RpcError> {
         self.ctl("ListJobs", &c::ListJobsRequest { query: Some(q) })
             .await

@@ -96,6 +96,7 @@ pub fn router(api: Api) -> Router {
         .route("/logs/{*id}", get(logs))
         .route("/workers", get(workers))
         .route("/backends", get(backends))
+        .route("/peers", get(peers))
         .route("/scheduler", get(scheduler))
         .route("/query", get(query))
         .layer(axum::middleware::from_fn_with_state(api.clone(), session))
@@ -499,6 +500,21 @@ async fn backends(Extension(api): Extension<Api>, headers: HeaderMap) -> Respons
         Err(e) => (status_of(e), pages::backends_page(Err(&e.message))),
     };
     respond(&headers, page, status)
+}
+
+async fn peers(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
+    match api.list_peers().await {
+        Ok(r) => respond(
+            &headers,
+            pages::peers_page(Ok(&r), now_ms()),
+            StatusCode::OK,
+        ),
+        Err(e) => respond(
+            &headers,
+            pages::peers_page(Err(&error_message(&e)), now_ms()),
+            status_of(&e),
+        ),
+    }
 }
 
 /// Jobs whose pending tasks get per-task reasons on the scheduler page (the rest show counts).
