@@ -5,6 +5,8 @@
 //! verifier requires all four (60 s leeway) and resolves keys by issuer, then kid — never from the
 //! token itself.
 
+pub mod iap;
+
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};

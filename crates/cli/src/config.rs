@@ -172,9 +172,33 @@ pub struct AuthSection {
     #[serde(default)]
     pub allowed_submitters: Vec<String>,
     #[serde(default)]
-    pub iap: Option<serde_yaml::Value>,
+    pub iap: Option<IapSection>,
     #[serde(default)]
     pub principal_directory: Option<serde_yaml::Value>,
+}
+
+/// `auth.iap`: requests arrive through an identity-aware proxy that signs each one.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // url and the OAuth client are for the browser login flow, not verification
+pub struct IapSection {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub oauth_client_id: Option<String>,
+    #[serde(default)]
+    pub oauth_client_secret: Option<String>,
+    #[serde(default)]
+    pub programmatic_audiences: Vec<String>,
+    /// The `aud` every assertion must carry (required).
+    #[serde(default)]
+    pub signed_header_audience: String,
+    /// A JWKS file with the proxy's ES256 public keys (Google publishes them at
+    /// https://www.gstatic.com/iap/verify/public_key-jwk; mirror that file here).
+    #[serde(default)]
+    pub jwks_file: Option<String>,
+    #[serde(default)]
+    pub unprovisioned_role: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default, Clone)]

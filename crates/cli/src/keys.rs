@@ -150,7 +150,44 @@ pub fn auth_from_config(
         })?;
         federation_peers.insert(name.clone(), key);
     }
+    let iap = match &a.iap {
+        None => None,
+        Some(i) => {
+            let path = i
+                .jwks_file
+                .as_deref()
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "auth.iap.jwks_file: required: a JWKS file with the proxy's public keys"
+                    )
+                })?;
+            let jwks = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("auth.iap.jwks_file: reading {path}: {e}"))?;
+            let verifier = iris_auth::iap::IapVerifier::from_jwks(&i.signed_header_audience, &jwks)
+                .map_err(|e| anyhow::anyhow!("auth.iap: {e}"))?;
+            let role = i.unprovisioned_role.as_deref().unwrap_or("dashboard");
+            let unprovisioned_role = match role {
+                "admin" | "user" | "dashboard" => iris_auth::Role::parse(role),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "auth.iap.unprovisioned_role: {role:?} is not admin, user or dashboard"
+                )
+            })?;
+            Some(iris_controller::auth::IapConfig {
+                verifier,
+                unprovisioned_role,
+            })
+        }
+    };
     let provider = a.provider.as_deref().unwrap_or("");
+    if provider == "iap" && iap.is_none() {
+        anyhow::bail!(
+            "auth.provider: iap needs an auth.iap section (signed_header_audience, jwks_file)"
+        );
+    }
     if !matches!(provider, "" | "token" | "cidr" | "iap") {
         anyhow::bail!("auth.provider: unknown provider {provider:?} (token, cidr or iap)");
     }
@@ -162,13 +199,14 @@ pub fn auth_from_config(
             .unwrap_or_else(|| "iris".into()),
         keypair,
         previous_public_keys: previous,
-        enforcing: !provider.is_empty() || !a.trusted_cidrs.is_empty(),
+        enforcing: !provider.is_empty() || !a.trusted_cidrs.is_empty() || iap.is_some(),
         trusted_cidrs: a.trusted_cidrs.clone(),
         admin_users: a.admin_users.clone(),
         user_roles: a.user_roles.clone(),
         optional: a.optional,
         federation_peers,
         allowed_submitters: a.allowed_submitters.clone(),
+        iap,
     }))
 }
 

@@ -30,6 +30,16 @@ pub struct AuthConfig {
     pub federation_peers: BTreeMap<String, ed25519_dalek::VerifyingKey>,
     /// `auth.allowed_submitters`: whose jobs a parent may hand to us.
     pub allowed_submitters: Vec<String>,
+    /// `auth.iap`: verify the identity-aware proxy's signed header.
+    pub iap: Option<IapConfig>,
+}
+
+/// `auth.iap`: the proxy's assertion verifier and the role of users nobody provisioned.
+#[derive(Clone, Debug)]
+pub struct IapConfig {
+    pub verifier: iris_auth::iap::IapVerifier,
+    /// `auth.iap.unprovisioned_role` (default `dashboard`).
+    pub unprovisioned_role: Role,
 }
 
 /// The authenticated caller.
@@ -195,6 +205,39 @@ fn identity_from_token(
     })
 }
 
+/// The identity-aware proxy layer: a present assertion must verify (never downgraded).
+fn identity_from_iap(cfg: &AuthConfig, headers: &HeaderMap) -> Result<Identity, RpcError> {
+    let Some(iap) = &cfg.iap else {
+        return Err(RpcError::new(
+            Code::Unauthenticated,
+            "IAP is not configured",
+        ));
+    };
+    let raw = headers
+        .get(iris_auth::iap::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let id = iap.verifier.verify(raw.trim(), now_secs()).map_err(|e| {
+        RpcError::new(
+            Code::Unauthenticated,
+            format!("invalid {} header: {e}", iris_auth::iap::HEADER),
+        )
+    })?;
+    let role = if let Some(r) = cfg.user_roles.get(&id.email).and_then(|r| Role::parse(r)) {
+        r
+    } else if cfg.admin_users.iter().any(|a| a == &id.email) {
+        Role::Admin
+    } else {
+        iap.unprovisioned_role
+    };
+    Ok(Identity {
+        user_id: id.email,
+        role,
+        job_id: None,
+        anonymous: false,
+    })
+}
+
 /// Whether the transport peer may be trusted as the anonymous admin.
 fn trusted_peer(cfg: &AuthConfig, headers: &HeaderMap, peer: Option<SocketAddr>) -> bool {
     if headers.contains_key("x-forwarded-for") || headers.contains_key("forwarded") {
@@ -236,6 +279,9 @@ pub fn authenticate(
     match token {
         Some(Ok(t)) => identity_from_token(cfg, verifier, federation, &t),
         Some(Err(e)) => Err(e),
+        None if cfg.iap.is_some() && headers.contains_key(iris_auth::iap::HEADER) => {
+            identity_from_iap(cfg, headers)
+        }
         None if trusted_peer(cfg, headers, peer) || cfg.optional => Ok(Identity::anonymous_admin()),
         None => Err(RpcError::new(
             Code::Unauthenticated,
@@ -327,6 +373,7 @@ mod tests {
             optional: false,
             federation_peers: BTreeMap::new(),
             allowed_submitters: Vec::new(),
+            iap: None,
         }
     }
 

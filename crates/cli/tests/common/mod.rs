@@ -617,13 +617,27 @@ pub fn read_pids(p: &Path) -> Vec<u32> {
 /// A raw HTTP/1.1 JSON POST to the controller (to observe status codes the CLI hides).
 /// Returns the status code and the body.
 pub fn http_post_json(url: &str, path: &str, body: &str) -> (u16, String) {
+    http_post_json_with(url, path, body, &[])
+}
+
+/// Like [`http_post_json`], with extra request headers.
+pub fn http_post_json_with(
+    url: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
     use std::io::{Read, Write};
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     let hostport = url.trim_start_matches("http://").trim_end_matches('/');
     let mut s = std::net::TcpStream::connect(hostport).expect("connect to controller");
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("read timeout");
     let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("send request");
