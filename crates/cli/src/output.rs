@@ -87,6 +87,21 @@ fn iris_now() -> i64 {
 pub fn print_job(j: &job::JobStatus, tasks: &[job::TaskStatus]) {
     println!("Job: {} ({})", j.job_id, j.name);
     println!("State: {}", job_state(j.state));
+    if j.cluster != "local" {
+        let peer = if j.cluster.is_empty() {
+            "(a federation peer, not yet chosen)"
+        } else {
+            j.cluster.as_str()
+        };
+        let status = job::PeerStatus::try_from(j.peer_status)
+            .map(|p| {
+                p.as_str_name()
+                    .trim_start_matches("PEER_STATUS_")
+                    .to_lowercase()
+            })
+            .unwrap_or_default();
+        println!("Cluster: {peer} (handoff: {status})");
+    }
     let counts: Vec<String> = j
         .task_state_counts
         .iter()

@@ -217,6 +217,12 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
         "{}",
         logs.stdout
     );
+    let jd = hub.iris(&["job", "describe", &h100]);
+    assert!(
+        jd.ok().contains("cw-a") && jd.stdout.contains("succeeded"),
+        "{}",
+        jd.stdout
+    );
     // task describe on the hub shows the mirrored attempt.
     let td = hub.iris(&["task", "describe", &format!("{h100}/0")]);
     assert!(td.ok().contains("succeeded"), "{}", td.stdout);

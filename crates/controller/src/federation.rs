@@ -582,10 +582,20 @@ impl Controller {
         &self,
         _req: c::ListBackendsRequest,
     ) -> Result<c::ListBackendsResponse, RpcError> {
-        let conn = self.db();
-        let b = self.worker_backend(&conn)?;
+        let mut backends = Vec::new();
+        {
+            let conn = self.db();
+            let fleet = self.worker_backend(&conn)?;
+            // A fleet with no daemons next to an in-process backend is not a backend.
+            if fleet.worker_count > 0 || self.backend_list().is_empty() {
+                backends.push(fleet);
+            }
+        }
+        for b in self.backend_list() {
+            backends.push(b.summary().await?);
+        }
         Ok(c::ListBackendsResponse {
-            backends: vec![b],
+            backends,
             unroutable_job_count: 0,
             unroutable_sample: Vec::new(),
         })
@@ -604,6 +614,11 @@ impl Controller {
         let mut total: BTreeMap<String, i64> = BTreeMap::new();
         let mut healthy = 0;
         let mut variant_of: HashMap<String, String> = HashMap::new();
+        let inproc: BTreeSet<String> = self.backend_list().iter().map(|b| b.worker_id()).collect();
+        let workers: Vec<_> = workers
+            .into_iter()
+            .filter(|w| !inproc.contains(&w.id))
+            .collect();
         for w in &workers {
             if !w.healthy {
                 continue;
@@ -714,6 +729,27 @@ impl Controller {
                 held_by_band,
             }),
         })
+    }
+
+    /// `GetKubernetesClusterStatus`: the Kubernetes backend's cluster view.
+    pub(crate) async fn get_kubernetes_cluster_status(
+        &self,
+        req: c::GetKubernetesClusterStatusRequest,
+    ) -> Result<c::GetKubernetesClusterStatusResponse, RpcError> {
+        for b in self.backend_list() {
+            if !req.backend_id.is_empty() && b.worker_id() != req.backend_id {
+                continue;
+            }
+            let s = b.summary().await?;
+            if let Some(c::backend_status::Detail::Kubernetes(k)) = s.detail.and_then(|d| d.detail)
+            {
+                return Ok(k);
+            }
+        }
+        Err(RpcError::new(
+            Code::FailedPrecondition,
+            "this controller has no Kubernetes backend (kubernetes_provider is not configured)",
+        ))
     }
 
     /// Peer side of `FederationSync` (reference §1.7).

@@ -7,6 +7,7 @@
 
 mod accounts;
 pub mod auth;
+pub mod backend;
 pub mod checkpoint;
 pub mod federation;
 mod highlights;
@@ -119,6 +120,8 @@ pub struct Controller {
     /// Verifies federation parents' tokens (`auth.federation_peers`).
     fed_verifier: Option<iris_auth::Verifier>,
     fed: federation::Federation,
+    /// In-process backends (Kubernetes) by pseudo worker id.
+    backends: Mutex<HashMap<String, Arc<dyn backend::Backend>>>,
     /// The tick's snapshot reader (WAL: reads never block the writer).
     snap: Mutex<Connection>,
     wake: Notify,
@@ -178,6 +181,7 @@ impl Controller {
             verifier,
             fed_verifier,
             fed,
+            backends: Mutex::new(HashMap::new()),
             snap: Mutex::new(snap),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),

@@ -267,6 +267,37 @@ async fn reconcile_loop(
                 continue;
             }
         };
+        if let Some(b) = ctl.backend(&worker_id) {
+            // An in-process backend: same contract, no network hop.
+            match b.reconcile(desired).await {
+                Ok(report) => {
+                    failures = 0;
+                    last_ok = Instant::now();
+                    let changed = apply_response(
+                        &ctl,
+                        &worker_id,
+                        w::ReconcileResponse {
+                            worker_id: worker_id.clone(),
+                            observed: report.observed,
+                            health: None,
+                        },
+                    );
+                    apply_backend_extras(&ctl, &report.events, &report.logs);
+                    if changed {
+                        ctl.wake();
+                    }
+                    // Capacity follows the cluster (nodes come and go).
+                    if let Err(e) = ctl.register_backend(&b).await {
+                        tracing::warn!(backend = %worker_id, error = %e.message, "refreshing backend capacity");
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(backend = %worker_id, failures, error = %e.message, "backend reconcile failed");
+                }
+            }
+            continue;
+        }
         let url = if addr.starts_with("http") {
             addr.clone()
         } else {
@@ -323,6 +354,63 @@ async fn reconcile_loop(
                     ctl.wake();
                     return;
                 }
+            }
+        }
+    }
+}
+
+/// Events and log lines an in-process backend reported.
+fn apply_backend_extras(
+    ctl: &Controller,
+    events: &[crate::backend::AttemptEvent],
+    logs: &[crate::backend::AttemptLogs],
+) {
+    if !events.is_empty() {
+        let now = iris_store::now_ms();
+        let mut conn = ctl.db();
+        let res = (|| -> Result<(), iris_store::Error> {
+            let tx = conn.transaction()?;
+            for e in events {
+                let row: Option<(String, i64)> = {
+                    use iris_store::rusqlite::OptionalExtension;
+                    tx.query_row(
+                        "SELECT task_id, attempt_id FROM task_attempts WHERE attempt_uid = ?1",
+                        [&e.attempt_uid],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?
+                };
+                if let Some((task, attempt)) = row {
+                    ops::record_event(
+                        &tx,
+                        &task,
+                        Some(attempt),
+                        Some(&e.attempt_uid),
+                        now,
+                        &e.kind,
+                        &e.reason,
+                        &e.message,
+                        &e.source,
+                    )?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = res {
+            tracing::error!(error = %e, "recording backend events");
+        }
+    }
+    if !logs.is_empty() {
+        let mut conn = lock(&ctl.logs);
+        for l in logs {
+            let lines: Vec<(String, String, i64, i32, Option<i64>)> = l
+                .lines
+                .iter()
+                .map(|(src, data, ts, seq)| (src.clone(), data.clone(), *ts, 0, Some(*seq)))
+                .collect();
+            if let Err(e) = iris_store::logs::append_numbered(&mut conn, &l.key, &lines) {
+                tracing::error!(key = %l.key, error = %e, "storing backend log lines");
             }
         }
     }

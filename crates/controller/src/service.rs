@@ -163,6 +163,7 @@ async fn dispatch_inner(
             "BeginCheckpoint" => call!(begin_checkpoint),
             "ListPeers" => call!(list_peers),
             "ListBackends" => call!(list_backends),
+            "GetKubernetesClusterStatus" => call!(get_kubernetes_cluster_status),
             "FederationSync" => call!(federation_sync),
             _ => unimplemented(&service, m),
         },

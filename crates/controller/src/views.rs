@@ -174,7 +174,7 @@ pub(crate) fn list_jobs(
 fn attempts(conn: &Connection, task_id: &str) -> Result<Vec<job::TaskAttempt>, RpcError> {
     let mut st = conn
         .prepare_cached(
-            "SELECT attempt_id, worker_id, state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid
+            "SELECT attempt_id, COALESCE(worker_id, node_name), state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid
              FROM task_attempts WHERE task_id = ?1 ORDER BY attempt_id",
         )
         .map_err(internal)?;
