@@ -975,13 +975,21 @@ pub(crate) fn tick_pass(ctl: &Controller) -> Result<(), RpcError> {
     }
     let mut ledger = lock(&f.ledger);
     let mut peers = BTreeSet::new();
+    let mut per_peer: BTreeMap<&str, usize> = BTreeMap::new();
     for p in &confirmed {
         ledger.commit(p);
         peers.insert(p.peer_id.clone());
+        *per_peer.entry(p.peer_id.as_str()).or_default() += 1;
     }
     drop(ledger);
     for p in &peers {
         f.poke(p);
+    }
+    // A pass that stopped at the per-peer cap with jobs still queued runs again at once rather
+    // than waiting for the next submit or heartbeat to wake the tick.
+    let capped = per_peer.values().any(|n| *n >= f.cfg.max_handoffs_per_cycle);
+    if capped && confirmed.len() < candidates.len() + forced.len() {
+        ctl.wake();
     }
     Ok(())
 }
