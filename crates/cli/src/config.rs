@@ -18,7 +18,7 @@ pub struct ClusterConfig {
     #[serde(default)]
     pub worker_provider: Option<serde_yaml::Value>,
     #[serde(default)]
-    pub kubernetes_provider: Option<serde_yaml::Value>,
+    pub kubernetes_provider: Option<KubernetesProvider>,
     #[serde(default)]
     pub storage: Option<Storage>,
     #[serde(default)]
@@ -31,6 +31,53 @@ pub struct ClusterConfig {
     pub peers: BTreeMap<String, PeerSection>,
     #[serde(default)]
     pub scale_groups: BTreeMap<String, ScaleGroup>,
+}
+
+/// `kubernetes_provider`: run tasks as Pods admitted by Kueue instead of on worker daemons.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesProvider {
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The operator's kubeconfig (never given to pods); unset: in-cluster service account.
+    #[serde(default)]
+    pub kubeconfig: Option<String>,
+    /// Pinned context in that kubeconfig.
+    #[serde(default)]
+    pub kube_context: Option<String>,
+    #[serde(default)]
+    pub service_account: Option<String>,
+    #[serde(default)]
+    pub host_network: bool,
+    #[serde(default)]
+    pub cache_dir: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)] // accepted; cache eviction is the node's business here
+    pub cache_max_age: Option<serde_yaml::Value>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub node_health: Option<serde_yaml::Value>,
+    /// Where pods reach the controller (required).
+    #[serde(default)]
+    pub controller_address: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub service_cidr: Option<String>,
+    #[serde(default)]
+    pub kueue: KueueSection,
+    /// Band name → PriorityClass name.
+    #[serde(default)]
+    pub priority_classes: BTreeMap<String, String>,
+}
+
+/// `kubernetes_provider.kueue`.
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct KueueSection {
+    #[serde(default)]
+    pub cluster_queue: String,
+    #[serde(default)]
+    pub topologies: Option<iris_kube_model::TopologyMap>,
 }
 
 /// `peers.<id>`: a federation peer this cluster may hand jobs to.

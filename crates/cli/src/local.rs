@@ -218,6 +218,7 @@ fn capacity(g: &GroupPlan) -> GroupCapacity {
             },
             attributes,
             healthy: true,
+            pooled: false,
             device_variant: if dtype == "cpu" {
                 String::new()
             } else {
@@ -376,8 +377,15 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     ccfg.checkpoint_max_age = Duration::from_secs_f64(a.checkpoint_max_age);
     ccfg.restore_checkpoint = a.restore_checkpoint.clone();
     ccfg.remote_state_dir = a.remote_state_dir.clone();
-    if let Some(p) = &a.config {
-        let cfg = config::load(p)?;
+    let loaded = match &a.config {
+        Some(p) => Some(config::load(p)?),
+        None => None,
+    };
+    let kube = match &loaded {
+        Some(cfg) => kube_settings(cfg)?,
+        None => None,
+    };
+    if let Some(cfg) = &loaded {
         ccfg.groups = plan_groups(&cfg)?.iter().map(capacity).collect();
         ccfg.auth = crate::keys::auth_from_config(&cfg)?;
         ccfg.federation = config::federation(&cfg)?;
@@ -411,6 +419,20 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     ccfg.federation.max_handoffs_per_cycle = a.max_federation_handoffs_per_cycle;
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
+    if let Some((settings, kubeconfig, context)) = kube {
+        let client = iris_kube_backend::client(kubeconfig.as_deref(), context.as_deref()).await?;
+        let (backends, preflight) = iris_kube_backend::connect(client, settings).await?;
+        for m in &preflight.missing {
+            println!("Kubernetes: missing {m} (admin-owned; not created by Iris)");
+        }
+        for b in backends {
+            ctl.controller
+                .add_backend(b)
+                .await
+                .map_err(|e| anyhow::anyhow!("registering the Kubernetes backend: {e}"))?;
+        }
+        println!("Kubernetes backend ready");
+    }
     std::fs::write(a.state_dir.join("controller.url"), &url)
         .context("recording the controller address")?;
     println!("Controller started at {url}");
@@ -424,6 +446,109 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     }
     ctl.shutdown().await;
     Ok(0)
+}
+
+/// `kubernetes_provider` (and `platform.coreweave` for the kubeconfig and context) as the
+/// backend's settings, validated; `None` when the cluster uses worker daemons.
+#[allow(clippy::type_complexity)]
+fn kube_settings(
+    cfg: &config::ClusterConfig,
+) -> anyhow::Result<
+    Option<(
+        iris_kube_backend::KubeSettings,
+        Option<String>,
+        Option<String>,
+    )>,
+> {
+    let Some(kp) = &cfg.kubernetes_provider else {
+        return Ok(None);
+    };
+    if cfg.worker_provider.is_some() {
+        anyhow::bail!("kubernetes_provider and worker_provider: choose one backend");
+    }
+    if kp.controller_address.trim().is_empty() {
+        anyhow::bail!("kubernetes_provider.controller_address: required: where pods reach the controller (e.g. http://iris-controller-svc.iris:10000)");
+    }
+    if kp.kueue.cluster_queue.trim().is_empty() {
+        anyhow::bail!("kubernetes_provider.kueue.cluster_queue: required: the ClusterQueue the cluster admin installed for Iris");
+    }
+    for band in kp.priority_classes.keys() {
+        iris_types::Band::parse(band)
+            .map_err(|e| anyhow::anyhow!("kubernetes_provider.priority_classes.{band}: {e}"))?;
+    }
+    let coreweave = cfg
+        .platform
+        .as_ref()
+        .and_then(|p| p.get("coreweave"))
+        .cloned();
+    let cw_str = |k: &str| {
+        coreweave
+            .as_ref()
+            .and_then(|c| c.get(k))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    let kubeconfig = kp.kubeconfig.clone().or_else(|| cw_str("kubeconfig_path"));
+    let context = kp.kube_context.clone().or_else(|| cw_str("kube_context"));
+    let namespace = kp
+        .namespace
+        .clone()
+        .or_else(|| cw_str("namespace"))
+        .unwrap_or_else(|| "iris".into());
+    let label_prefix = cfg
+        .platform
+        .as_ref()
+        .and_then(|p| p.get("label_prefix"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("iris")
+        .to_string();
+    let mut gpu_variants = Vec::new();
+    for (name, g) in &cfg.scale_groups {
+        if g.resources.device_type.as_deref() == Some("gpu") {
+            let v = g.resources.device_variant.clone().unwrap_or_default();
+            if v.is_empty() {
+                anyhow::bail!("scale_groups.{name}.resources.device_variant: required for GPU groups on Kubernetes");
+            }
+            if !gpu_variants
+                .iter()
+                .any(|x: &String| x.eq_ignore_ascii_case(&v))
+            {
+                gpu_variants.push(v);
+            }
+        }
+    }
+    let task_image = cfg
+        .defaults
+        .as_ref()
+        .and_then(|d| d.get("worker"))
+        .and_then(|w| w.get("docker_image"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("ghcr.io/marin-community/iris-task:latest")
+        .to_string();
+    let provider = iris_kube_model::ProviderConfig {
+        namespace,
+        label_prefix,
+        host_network: kp.host_network,
+        cache_dir: kp.cache_dir.clone().unwrap_or_else(|| "/cache".into()),
+        default_task_image: task_image,
+        controller_address: Some(kp.controller_address.clone()),
+        service_account: kp.service_account.clone(),
+        task_env: cfg.task_env.clone(),
+        priority_classes: kp.priority_classes.clone(),
+        kueue_topologies: kp.kueue.topologies.clone(),
+        deadline_grace_seconds: 0,
+    };
+    Ok(Some((
+        iris_kube_backend::KubeSettings {
+            provider,
+            cluster_queue: kp.kueue.cluster_queue.clone(),
+            gpu_variants,
+            scale_groups: cfg.scale_groups.keys().cloned().collect(),
+            controller_url: kp.controller_address.clone(),
+        },
+        kubeconfig,
+        context,
+    )))
 }
 
 /// Starts the web dashboard for the controller at `url` and prints its address.

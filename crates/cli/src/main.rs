@@ -159,6 +159,9 @@ struct RunArgs {
     /// Run on this federation peer (the hub hands the whole job to it).
     #[arg(long)]
     target_cluster: Option<String>,
+    /// Container image for the task (Kubernetes backend); default: the cluster's task image.
+    #[arg(long)]
+    task_image: Option<String>,
     #[arg(long, overrides_with = "no_preemptible")]
     preemptible: bool,
     #[arg(long)]
@@ -716,6 +719,7 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         }),
         priority_band: band,
         submit_argv: std::env::args().collect(),
+        task_image: a.task_image.clone().unwrap_or_default(),
         ..Default::default()
     })
 }

@@ -177,6 +177,9 @@ pub fn print_task(t: &job::TaskStatus) {
     if !t.error.is_empty() {
         println!("Error: {}", t.error);
     }
+    if !t.status_message.is_empty() {
+        println!("Status: {}", t.status_message);
+    }
     if !t.pending_reason.is_empty() {
         println!("Pending: {}", t.pending_reason);
     }

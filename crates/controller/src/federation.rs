@@ -987,7 +987,9 @@ pub(crate) fn tick_pass(ctl: &Controller) -> Result<(), RpcError> {
     }
     // A pass that stopped at the per-peer cap with jobs still queued runs again at once rather
     // than waiting for the next submit or heartbeat to wake the tick.
-    let capped = per_peer.values().any(|n| *n >= f.cfg.max_handoffs_per_cycle);
+    let capped = per_peer
+        .values()
+        .any(|n| *n >= f.cfg.max_handoffs_per_cycle);
     if capped && confirmed.len() < candidates.len() + forced.len() {
         ctl.wake();
     }

@@ -298,6 +298,10 @@ async fn reconcile_loop(
             }
             continue;
         }
+        if addr.starts_with("inproc://") {
+            // An in-process backend not (yet) registered in this process: nothing to dial.
+            continue;
+        }
         let url = if addr.starts_with("http") {
             addr.clone()
         } else {

@@ -73,7 +73,7 @@ pub(crate) fn load_workers(conn: &Connection) -> iris_store::rusqlite::Result<Ve
         }
     }
     let mut st = conn.prepare_cached(
-        "SELECT worker_id, total_cpu_millicores, total_memory_bytes, md_disk_bytes, total_gpu_count, total_tpu_count, device_variant, healthy
+        "SELECT worker_id, total_cpu_millicores, total_memory_bytes, md_disk_bytes, total_gpu_count, total_tpu_count, device_variant, healthy, address
          FROM workers ORDER BY worker_id",
     )?;
     let rows = st.query_map([], |r| {
@@ -96,6 +96,7 @@ pub(crate) fn load_workers(conn: &Connection) -> iris_store::rusqlite::Result<Ve
                 }
             },
             healthy: r.get::<_, i64>(7)? != 0,
+            pooled: r.get::<_, String>(8)?.starts_with("inproc://"),
             id,
         })
     })?;

@@ -50,10 +50,11 @@ fn finish_job(
 ) -> Result<(), RpcError> {
     let mut counts: BTreeMap<String, i32> = BTreeMap::new();
     let mut first_pending: Option<String> = None;
+    let mut first_waiting: Option<String> = None;
     {
         let mut st = conn
             .prepare_cached(
-                "SELECT task_id, state FROM tasks WHERE job_id = ?1 ORDER BY task_index",
+                "SELECT task_id, state, status_message FROM tasks WHERE job_id = ?1 ORDER BY task_index",
             )
             .map_err(internal)?;
         let mut rows = st.query([&j.job_id]).map_err(internal)?;
@@ -64,6 +65,15 @@ fn finish_job(
             *counts.entry(s.friendly().to_string()).or_default() += 1;
             if s == TaskState::Pending && first_pending.is_none() {
                 first_pending = Some(tid);
+            } else if matches!(s, TaskState::Assigned | TaskState::Building)
+                && first_waiting.is_none()
+            {
+                // A backend that places work itself (Kubernetes/Kueue) says why a started
+                // attempt is not running yet.
+                first_waiting = r
+                    .get::<_, Option<String>>(2)
+                    .map_err(internal)?
+                    .filter(|m| !m.is_empty());
             }
         }
     }
@@ -89,7 +99,7 @@ fn finish_job(
     } else if let Some(t) = first_pending {
         reasons.get(&t).cloned().unwrap_or_default()
     } else {
-        String::new()
+        first_waiting.unwrap_or_default()
     };
     Ok(())
 }

@@ -533,7 +533,12 @@ impl<'a> Engine<'a> {
                 .iter()
                 .position(|&w| cs.eligible[w] && self.cap.can_host(w, req))?;
             picks.push(hosts[next + pos]);
-            next += pos + 1;
+            // A pooled host takes further members of the same gang; any other host one each.
+            next += if self.workers[hosts[next + pos]].pooled {
+                pos
+            } else {
+                pos + 1
+            };
         }
         Some(picks)
     }

@@ -70,7 +70,10 @@ pub fn feasible_anywhere(
         let mut groups: BTreeMap<String, u32> = BTreeMap::new();
         for w in &fitting {
             if let Some(v) = w.attributes.get(key) {
-                *groups.entry(canonical(v)).or_default() += 1;
+                // A pooled worker (Kubernetes) hosts a whole gang by itself.
+                let n = if w.pooled { replicas } else { 1 };
+                let e = groups.entry(canonical(v)).or_default();
+                *e = e.saturating_add(n);
             }
         }
         let largest = groups.values().copied().max().unwrap_or(0);

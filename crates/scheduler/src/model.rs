@@ -413,6 +413,9 @@ pub struct Worker {
     pub healthy: bool,
     /// Accelerator variant, `""` for cpu-only workers.
     pub device_variant: String,
+    /// A pool that places work itself (an in-process backend such as Kubernetes, where Kueue
+    /// decides nodes): it may host several members of one gang.
+    pub pooled: bool,
 }
 
 impl Worker {
@@ -423,6 +426,7 @@ impl Worker {
             total,
             attributes: BTreeMap::new(),
             healthy: true,
+            pooled: false,
             device_variant: String::new(),
         }
     }

@@ -744,9 +744,17 @@ pub fn apply_observation(
     }
     let att_state = TaskState::from_code(att_state).unwrap_or(TaskState::Unspecified);
     let reported_terminal = obs.state.is_terminal() || obs.state == TaskState::Missing;
-    if !obs.status_message.is_empty() && attempt_id == current {
-        tx.prepare_cached("UPDATE tasks SET status_message = ?2 WHERE task_id = ?1")?
-            .execute(params![task_id, obs.status_message])?;
+    if attempt_id == current {
+        if !obs.status_message.is_empty() {
+            tx.prepare_cached("UPDATE tasks SET status_message = ?2 WHERE task_id = ?1")?
+                .execute(params![task_id, obs.status_message])?;
+        } else if obs.state == TaskState::Running {
+            // Running: whatever it was waiting for is over.
+            tx.prepare_cached(
+                "UPDATE tasks SET status_message = NULL WHERE task_id = ?1 AND status_message IS NOT NULL",
+            )?
+            .execute(params![task_id])?;
+        }
     }
     if attempt_id != current || att_state.is_terminal() {
         // The controller already decided this attempt's fate (or it is superseded): a terminal

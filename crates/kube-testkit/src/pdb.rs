@@ -1,0 +1,136 @@
+//! PodDisruptionBudget arithmetic (the disruption controller's status and the eviction check).
+
+use serde_json::{json, Value};
+
+use crate::cluster::Cluster;
+use crate::pod;
+use crate::resources::id;
+use crate::selector::LabelSelector;
+use crate::store::{meta_str, name_of};
+
+/// A budget evaluated against the pods it selects now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Budget {
+    pub name: String,
+    pub expected: i64,
+    pub current_healthy: i64,
+    pub desired_healthy: i64,
+    pub disruptions_allowed: i64,
+}
+
+/// Running with `Ready=True` and not terminating.
+pub(crate) fn is_healthy(p: &Value) -> bool {
+    pod::phase(p) == "Running" && pod::condition_true(p, "Ready") && !pod::is_deleting(p)
+}
+
+fn int_or_percent(v: &Value, total: i64, round_up: bool) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => {
+            if let Some(pct) = s.strip_suffix('%') {
+                let pct: f64 = pct.trim().parse().ok()?;
+                let x = pct * total as f64 / 100.0;
+                Some(if round_up {
+                    x.ceil() as i64
+                } else {
+                    x.floor() as i64
+                })
+            } else {
+                s.trim().parse().ok()
+            }
+        }
+        _ => None,
+    }
+}
+
+fn selects(pdb: &Value, p: &Value) -> bool {
+    if meta_str(pdb, "namespace") != meta_str(p, "namespace") {
+        return false;
+    }
+    match pdb
+        .pointer("/spec/selector")
+        .and_then(LabelSelector::from_object)
+    {
+        Some(sel) => !sel.is_empty() && sel.matches_object(p),
+        None => false,
+    }
+}
+
+pub(crate) fn evaluate(cl: &Cluster, pdb: &Value) -> Budget {
+    let ns = meta_str(pdb, "namespace");
+    let pods: Vec<&Value> = cl
+        .store
+        .list(id::PODS, Some(ns))
+        .filter(|p| selects(pdb, p) && !pod::is_terminal(p) && !pod::is_deleting(p))
+        .collect();
+    let expected = pods.len() as i64;
+    let current_healthy = pods.iter().filter(|p| is_healthy(p)).count() as i64;
+    let spec = pdb.get("spec").cloned().unwrap_or_default();
+    let desired_healthy = if let Some(min) = spec.get("minAvailable") {
+        int_or_percent(min, expected, true).unwrap_or(0)
+    } else if let Some(max) = spec.get("maxUnavailable") {
+        (expected - int_or_percent(max, expected, true).unwrap_or(0)).max(0)
+    } else {
+        0
+    };
+    Budget {
+        name: name_of(pdb).to_string(),
+        expected,
+        current_healthy,
+        desired_healthy,
+        disruptions_allowed: (current_healthy - desired_healthy).max(0),
+    }
+}
+
+/// The budgets selecting `p`.
+pub(crate) fn covering(cl: &Cluster, p: &Value) -> Vec<Budget> {
+    let ns = meta_str(p, "namespace");
+    cl.store
+        .list(id::PDBS, Some(ns))
+        .filter(|b| selects(b, p))
+        .map(|b| evaluate(cl, b))
+        .collect()
+}
+
+/// The disruption controller: keeps every budget's status current.
+pub(crate) fn tick(cl: &mut Cluster) {
+    let budgets: Vec<Value> = cl.store.list(id::PDBS, None).cloned().collect();
+    for b in budgets {
+        let e = evaluate(cl, &b);
+        let mut next = b.clone();
+        {
+            let st = pod::status_mut(&mut next);
+            st.insert(
+                "observedGeneration".into(),
+                b.pointer("/metadata/generation")
+                    .cloned()
+                    .unwrap_or(json!(1)),
+            );
+            st.insert("expectedPods".into(), json!(e.expected));
+            st.insert("currentHealthy".into(), json!(e.current_healthy));
+            st.insert("desiredHealthy".into(), json!(e.desired_healthy));
+            st.insert("disruptionsAllowed".into(), json!(e.disruptions_allowed));
+        }
+        let (status, reason) = if e.disruptions_allowed > 0 {
+            ("True", "SufficientPods")
+        } else {
+            ("False", "InsufficientPods")
+        };
+        pod::ensure_condition(&mut next, "DisruptionAllowed", status, reason, "", false);
+        if next != b {
+            cl.store.update(id::PDBS, next);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentages() {
+        assert_eq!(int_or_percent(&json!("50%"), 3, true), Some(2));
+        assert_eq!(int_or_percent(&json!(1), 3, true), Some(1));
+        assert_eq!(int_or_percent(&json!("2"), 3, true), Some(2));
+    }
+}
