@@ -203,7 +203,20 @@ fn pods_kueue_and_lifecycle() {
             || td.stdout.contains("SchedulingGated")
     });
     let listed = c.iris(&["job", "list"]);
-    assert!(listed.ok().contains("held"), "{}", listed.stdout);
+    let line = listed
+        .ok()
+        .lines()
+        .find(|l| l.contains("/held"))
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        line.contains("Kueue") || line.contains("SchedulingGated"),
+        "{}",
+        listed.stdout
+    );
+    // The running BATCH gang's GPUs show as held at BATCH.
+    let o = c.iris(&["rpc", "controller", "list-backends"]);
+    assert!(o.ok().contains("PRIORITY_BAND_BATCH"), "{}", o.stdout);
     c.iris(&["job", "cancel", &held]).ok();
 
     // A higher band gang preempts the BATCH gang through Kueue: victims PREEMPTED, then retried.
@@ -288,4 +301,52 @@ fn pods_kueue_and_lifecycle() {
             .contains("ImagePullBackOff")
     });
     c.iris(&["job", "cancel", &bad]).ok();
+
+    // A federation hub routes an H100 job to this Kubernetes cluster by what its backend reports.
+    let keys = tempfile::tempdir().expect("keys");
+    let key = keys.path().join("hub.pem");
+    let out = std::process::Command::new(common::IRIS)
+        .args(["cluster", "init-keys", "--out-file"])
+        .arg(&key)
+        .output()
+        .expect("init-keys");
+    assert!(out.status.success());
+    let hub = TestCluster::start_with_args(
+        &[common::WorkerSpec::cpu(4)],
+        Some(&format!(
+            "name: hub\nauth:\n  signing_key: file:{}\npeers:\n  k8s:\n    controller_address: {}\n",
+            key.display(),
+            c.url
+        )),
+        &["--federation-heartbeat", "0.5", "--federation-sync-interval", "0.2"],
+    );
+    wait_until(LONG, "the hub to see the Kubernetes peer", || {
+        let o = hub.iris(&["rpc", "controller", "list-peers"]);
+        o.stdout.contains("k8s-h100") && o.stdout.contains("\"reachable\": true")
+    });
+    let o = hub.iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--no-bundle",
+        "--job-name",
+        "routed",
+        "--gpu",
+        "H100x1",
+        "--",
+        "true",
+    ]);
+    let routed = o
+        .ok()
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    wait_for(LONG, "the routed job to succeed on the hub", || {
+        (hub.summary(&routed)["state"] == "succeeded").then_some(())
+    });
+    assert_eq!(hub.job_status(&routed)["cluster"], "k8s");
+    assert_eq!(c.job_state(&routed).as_deref(), Some("succeeded"));
 }

@@ -40,6 +40,10 @@ use std::sync::{Arc, Mutex};
 /// The label scoping pods to one pseudo worker (so two backends never collect each other's).
 pub const LABEL_BACKEND: &str = "iris.backend";
 const FIELD_MANAGER: &str = "iris-controller";
+/// A running pod's log is read at most this often; a finished pod's once, at the end.
+const LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
+/// Pod applies in flight per reconcile round.
+const APPLY_CONCURRENCY: usize = 32;
 const KUEUE_GROUP: &str = "kueue.x-k8s.io";
 const KUEUE_VERSION: &str = "v1beta1";
 
@@ -92,6 +96,8 @@ struct State {
     log_lines: HashMap<String, usize>,
     /// Pods whose final log has been shipped.
     log_done: BTreeSet<String>,
+    /// When a running pod's log was last read (read at most every [`LOG_PERIOD`]).
+    log_read_at: HashMap<String, std::time::Instant>,
     /// Events already recorded, per attempt uid.
     events: HashMap<String, BTreeSet<String>>,
     /// Manifest errors per attempt uid (the attempt fails with it).
@@ -391,30 +397,34 @@ impl KubeBackend {
             .filter_map(|w| serde_json::to_value(w.as_ref()).ok())
             .collect();
 
-        // Apply pods for wanted attempts not yet applied.
-        for uid in &want_run {
-            let (req, applied) = {
-                let st = lock(&self.state);
-                (st.requests.get(uid).cloned(), st.applied.contains_key(uid))
-            };
-            if applied || lock(&self.state).manifest_errors.contains_key(uid) {
-                continue;
-            }
-            let Some(req) = req else {
-                // A restarted controller lost the cached request: the pod (if any) is found by
-                // label below; without one the attempt is reported lost after the grace scans.
-                continue;
-            };
-            match self.apply_attempt(&req).await {
+        // Apply pods for wanted attempts not yet applied, many at once (each is one
+        // server-side apply; the API server, not this loop, should be the limit).
+        let to_apply: Vec<(String, job::RunTaskRequest)> = {
+            let st = lock(&self.state);
+            want_run
+                .iter()
+                .filter(|u| !st.applied.contains_key(*u) && !st.manifest_errors.contains_key(*u))
+                .filter_map(|u| st.requests.get(u).map(|r| (u.clone(), r.clone())))
+                .collect()
+        };
+        // An attempt without a cached request (a restarted controller) is found by its pod's
+        // name below; without a pod it is reported lost after the grace scans.
+        let results: Vec<(String, Result<String, ApplyError>)> = futures::stream::iter(to_apply)
+            .map(|(uid, req)| async move { (uid, self.apply_attempt(&req).await) })
+            .buffer_unordered(APPLY_CONCURRENCY)
+            .collect()
+            .await;
+        for (uid, r) in results {
+            match r {
                 Ok(name) => {
-                    lock(&self.state).applied.insert(uid.clone(), name);
+                    lock(&self.state).applied.insert(uid, name);
                 }
                 Err(ApplyError::Manifest(m)) => {
-                    lock(&self.state).manifest_errors.insert(uid.clone(), m);
+                    lock(&self.state).manifest_errors.insert(uid, m);
                 }
                 Err(ApplyError::Api(e)) => {
                     report.observed.push(w::AttemptObservation {
-                        attempt_uid: uid.clone(),
+                        attempt_uid: uid,
                         state: job::TaskState::WorkerFailed as i32,
                         error: format!("applying the pod: {e}"),
                         ..Default::default()
@@ -606,6 +616,7 @@ impl KubeBackend {
         let mut st = lock(&self.state);
         st.log_lines.remove(name);
         st.log_done.remove(name);
+        st.log_read_at.remove(name);
         st.missing.forget(name);
     }
 
@@ -617,6 +628,18 @@ impl KubeBackend {
             || lock(&self.state).log_done.contains(name)
         {
             return None;
+        }
+        if ph == "Running" {
+            let mut st = lock(&self.state);
+            let now = std::time::Instant::now();
+            if st
+                .log_read_at
+                .get(name)
+                .is_some_and(|t| now.duration_since(*t) < LOG_PERIOD)
+            {
+                return None;
+            }
+            st.log_read_at.insert(name.to_string(), now);
         }
         let text = core
             .pods
