@@ -35,7 +35,8 @@ pub struct ServeArgs {
     pub state_dir: PathBuf,
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: std::net::SocketAddr,
-    /// Also serve the web dashboard on this address (e.g. 127.0.0.1:0). It has no login yet.
+    /// Also serve the web dashboard on this address (e.g. 127.0.0.1:0). With auth on it acts as
+    /// each browser's session user (`?session_token=` login).
     #[arg(long)]
     pub dashboard_bind: Option<std::net::SocketAddr>,
     /// Seconds without a successful reconcile before a worker is declared failed.
