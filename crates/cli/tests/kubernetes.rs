@@ -57,7 +57,8 @@ fn start() -> Env {
         "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: http://127.0.0.1:9\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  h100:\n    num_vms: 2\n    resources: {{cpu: 64, ram: 256GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
         kubeconfig.display()
     );
-    let cluster = TestCluster::start_with_config(&[], Some(&yaml));
+    let cluster =
+        TestCluster::start_with_args(&[], Some(&yaml), &["--dashboard-bind", "127.0.0.1:0"]);
     wait_until(LONG, "the Kubernetes pseudo workers to register", || {
         let h = cluster.healthy_workers();
         h.iter().any(|w| w == "k8s-cpu") && h.iter().any(|w| w == "k8s-h100")
@@ -124,6 +125,22 @@ impl Env {
     }
 }
 
+fn http_get(url: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let hostport = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(hostport).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    resp
+}
+
 #[test]
 fn pods_kueue_and_lifecycle() {
     let env = start();
@@ -165,6 +182,23 @@ fn pods_kueue_and_lifecycle() {
     assert_eq!(h100["kind"], "kubernetes", "{v}");
     assert_eq!(h100["availability"]["totalAmounts"]["h100"], "16", "{v}");
     assert_eq!(h100["detail"]["kubernetes"]["totalNodes"], 3, "{v}");
+    // The dashboard's Backends page shows the Kubernetes backends and nodes, and the Workers
+    // page leaves the pseudo workers out.
+    let log = c.path("controller.log");
+    let dash = wait_for(LONG, "the dashboard address", || {
+        std::fs::read_to_string(&log).ok().and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Dashboard: "))
+                .map(|u| u.trim().trim_end_matches('/').to_string())
+        })
+    });
+    let page = http_get(&dash, "/backends");
+    assert!(
+        page.contains("Kubernetes") && page.contains("gpu-1") && page.contains("k8s-h100"),
+        "{page}"
+    );
+    let page = http_get(&dash, "/workers");
+    assert!(!page.contains("k8s-h100"), "{page}");
 
     // A BATCH gang takes the whole quota; a second BATCH gang is held by Kueue and says so.
     let batch = env.run(

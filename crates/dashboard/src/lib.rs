@@ -476,7 +476,7 @@ async fn open_holds(api: &Api) -> Result<Vec<model::Hold>, RpcError> {
 }
 
 async fn workers(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
-    let (ws, holds) = tokio::join!(api.list_workers(), open_holds(&api));
+    let (ws, holds) = tokio::join!(api.list_worker_daemons(), open_holds(&api));
     let committed = model::committed(&holds.unwrap_or_default());
     let (status, ws) = match &ws {
         Ok(w) => (StatusCode::OK, Ok(w)),
@@ -490,15 +490,30 @@ async fn workers(Extension(api): Extension<Api>, headers: HeaderMap) -> Response
 }
 
 async fn backends(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
-    let (ws, holds) = tokio::join!(api.list_workers(), open_holds(&api));
+    let (ws, holds, bs) = tokio::join!(
+        api.list_worker_daemons(),
+        open_holds(&api),
+        api.list_backends()
+    );
     let r = match (ws, holds) {
         (Ok(w), Ok(h)) => Ok(model::variants(&w.workers, &h)),
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
-    let (status, page) = match &r {
+    let kube: Vec<c::BackendSummary> = bs
+        .map(|b| {
+            b.backends
+                .into_iter()
+                .filter(|b| b.kind == "kubernetes")
+                .collect()
+        })
+        .unwrap_or_default();
+    let (status, mut page) = match &r {
         Ok(v) => (StatusCode::OK, pages::backends_page(Ok(v))),
         Err(e) => (status_of(e), pages::backends_page(Err(&e.message))),
     };
+    if !kube.is_empty() {
+        page.live = pages::with_kubernetes(page.live, &kube);
+    }
     respond(&headers, page, status)
 }
 

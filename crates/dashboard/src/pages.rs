@@ -955,6 +955,87 @@ pub fn backends_page(variants: Result<&[Variant], &str>) -> Page {
     }
 }
 
+/// The Backends page's Kubernetes part: per backend free/total GPUs and held-by-band, and the
+/// cluster's nodes.
+pub fn with_kubernetes(live: Markup, backends: &[c::BackendSummary]) -> Markup {
+    let cluster =
+        backends.iter().find_map(
+            |b| match b.detail.as_ref().and_then(|d| d.detail.as_ref()) {
+                Some(c::backend_status::Detail::Kubernetes(k)) => Some(k),
+                _ => None,
+            },
+        );
+    html! {
+        (live)
+        h2 { "Kubernetes" }
+        div.tablewrap { table.backends {
+            caption.sr-only { "Kubernetes backends" }
+            thead { tr {
+                th scope="col" { "Backend" } th scope="col" { "Free / total" } th scope="col" { "Held by band" }
+                th scope="col" .num { "Running pods" } th scope="col" .num { "Pending pods" }
+            } }
+            tbody {
+                @for b in backends {
+                    tr {
+                        th scope="row" { (b.backend_id) }
+                        td.meter-cell {
+                            @match &b.availability {
+                                None => { span.muted { "CPU only" } }
+                                Some(a) => {
+                                    @for (v, total) in &a.total_amounts {
+                                        @let free = a.amounts.get(v).copied().unwrap_or(0);
+                                        (svg::meter(total - free, *total, &format!("{free} of {total} {v} free")))
+                                        " " strong.num.free { (free) "/" (total) } " " (v)
+                                    }
+                                }
+                            }
+                        }
+                        td {
+                            @match &b.availability {
+                                Some(a) if !a.held_by_band.is_empty() => {
+                                    @for (i, h) in a.held_by_band.iter().enumerate() {
+                                        @if i > 0 { ", " }
+                                        (fmt::band(h.band)) " "
+                                        @for n in h.amounts.values() { strong { (n) } }
+                                    }
+                                }
+                                _ => { span.muted { "—" } }
+                            }
+                        }
+                        td.num { (b.running_task_count) }
+                        td.num { (b.pending_task_count) }
+                    }
+                }
+            }
+        } }
+        @if let Some(k) = cluster {
+            p { "Namespace " code { (k.namespace) } ": " (k.schedulable_nodes) " of " (k.total_nodes) " nodes schedulable; " (k.allocatable_cpu) ", " (k.allocatable_memory) " allocatable." }
+            div.tablewrap { table.nodes {
+                caption.sr-only { "Kubernetes nodes" }
+                thead { tr {
+                    th scope="col" { "Node" } th scope="col" { "Ready" } th scope="col" { "Schedulable" }
+                    th scope="col" .num { "GPUs" } th scope="col" { "GPU model" } th scope="col" .num { "CPU" }
+                    th scope="col" .num { "Memory" } th scope="col" .num { "Running pods" }
+                } }
+                tbody {
+                    @for n in &k.nodes {
+                        tr {
+                            th scope="row" { (n.name) }
+                            td { @if n.ready { "✓ ready" } @else { strong.bad { "✗ not ready" } } }
+                            td { @if n.schedulable { "yes" } @else { "no" } }
+                            td.num { (n.gpu_count) }
+                            td { (n.gpu_model) }
+                            td.num { (fmt::cores(n.cpu_millicores)) }
+                            td.num { (fmt::bytes(n.memory_bytes)) }
+                            td.num { (n.running_pods) }
+                        }
+                    }
+                }
+            } }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Peers
 
