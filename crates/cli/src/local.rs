@@ -387,9 +387,9 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         None => None,
     };
     if let Some(cfg) = &loaded {
-        ccfg.groups = plan_groups(&cfg)?.iter().map(capacity).collect();
-        ccfg.auth = crate::keys::auth_from_config(&cfg)?;
-        ccfg.federation = config::federation(&cfg)?;
+        ccfg.groups = plan_groups(cfg)?.iter().map(capacity).collect();
+        ccfg.auth = crate::keys::auth_from_config(cfg)?;
+        ccfg.federation = config::federation(cfg)?;
         if !ccfg.federation.peers.is_empty()
             && cfg
                 .auth
