@@ -126,6 +126,81 @@ fn ensure_namespace(cl: &mut Cluster, ns: &str) -> Result<(), ApiError> {
     }
 }
 
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// Object names are RFC 1123 subdomains (namespaces: labels), as the API server validates them.
+fn validate_name(res: usize, name: &str) -> Result<(), ApiError> {
+    let d = def(res);
+    if d.special == Special::Namespace {
+        if !is_dns_label(name) {
+            return Err(ApiError::invalid(d, name, "metadata.name", &format!(
+                "Invalid value: \"{name}\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+            )));
+        }
+    } else if !is_dns_subdomain(name) {
+        return Err(ApiError::invalid(d, name, "metadata.name", &format!(
+            "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+        )));
+    }
+    Ok(())
+}
+
+fn is_label_name(s: &str) -> bool {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(ok)
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+        && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Label keys (`[prefix/]name`) and values, with the API server's rules and messages.
+fn validate_labels(res: usize, name: &str, obj: &Value) -> Result<(), ApiError> {
+    let d = def(res);
+    let Some(labels) = obj.pointer("/metadata/labels").and_then(Value::as_object) else {
+        return Ok(());
+    };
+    for (k, v) in labels {
+        let (prefix, key_name) = match k.split_once('/') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, k.as_str()),
+        };
+        if !is_label_name(key_name) || prefix.is_some_and(|p| !is_dns_subdomain(p)) {
+            return Err(ApiError::invalid(d, name, "metadata.labels", &format!(
+                "Invalid value: \"{k}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+            )));
+        }
+        let Some(v) = v.as_str() else {
+            return Err(ApiError::bad_request(format!("label {k} must be a string")));
+        };
+        if v.len() > 63 {
+            return Err(ApiError::invalid(
+                d,
+                name,
+                "metadata.labels",
+                &format!("Invalid value: \"{v}\": must be no more than 63 characters"),
+            ));
+        }
+        if !v.is_empty() && !is_label_name(v) {
+            return Err(ApiError::invalid(d, name, "metadata.labels", &format!(
+                "Invalid value: \"{v}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn strip_server_fields(obj: &mut Value) {
     let meta = metadata_mut(obj);
     for f in [
@@ -183,6 +258,8 @@ pub(crate) fn create(
             )));
         }
     }
+    validate_name(t.res, &name)?;
+    validate_labels(t.res, &name, &body)?;
     if cl.store.get(t.res, t.ns(), &name).is_some() {
         return Err(ApiError::already_exists(d, &name));
     }
@@ -338,6 +415,7 @@ fn commit_write(
             };
         }
     }
+    validate_labels(res, &name, &new)?;
     match d.special {
         Special::Pod if !status_sub => pod::validate_update(d, &name, old, &new)?,
         Special::PriorityClass | Special::WorkloadPriorityClass => {
@@ -617,7 +695,8 @@ pub(crate) fn delete(
                 .unwrap_or(30)
                 .max(0);
             let bound = !pod::node_name(&obj).is_empty();
-            if pod::is_deleting(&obj) && !(grace == 0 && !has_finalizers) {
+            let force = grace == 0 && !has_finalizers;
+            if pod::is_deleting(&obj) && !force {
                 return Ok(Deleted::Pending(obj));
             }
             if bound && grace > 0 {
@@ -653,7 +732,20 @@ pub(crate) fn delete(
 }
 
 fn orphan_dependents(cl: &mut Cluster, owner_uid: &str) {
-    for (res, mut obj) in cl.store.all_objects() {
+    let dependents: Vec<(usize, Value)> = cl
+        .store
+        .iter_all()
+        .filter(|(_, o)| {
+            o.pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|refs| {
+                    refs.iter()
+                        .any(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))
+                })
+        })
+        .map(|(res, o)| (res, o.clone()))
+        .collect();
+    for (res, mut obj) in dependents {
         let Some(refs) = obj
             .pointer("/metadata/ownerReferences")
             .and_then(Value::as_array)
@@ -782,4 +874,28 @@ pub(crate) fn evict(
         }
     }
     delete(cl, id::PODS, ns, name, opts).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels() {
+        assert!(validate_name(id::PODS, "iris-user-job-0-1a2b3c4d-0").is_ok());
+        assert!(validate_name(id::PODS, "Upper").is_err());
+        assert!(validate_name(id::NAMESPACES, "a.b").is_err());
+        let ok = json!({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "iris-lq", "iris.task_id": "user.job.0", "e": ""}}});
+        assert!(validate_labels(id::PODS, "p", &ok).is_ok());
+        let long = json!({"metadata": {"labels": {"iris.task_id": "x".repeat(64)}}});
+        let err = validate_labels(id::PODS, "p", &long).unwrap_err();
+        assert_eq!(err.code, 422);
+        assert!(
+            err.message.contains("must be no more than 63 characters"),
+            "{}",
+            err.message
+        );
+        let bad = json!({"metadata": {"labels": {"iris.task_id": "/user/job"}}});
+        assert!(validate_labels(id::PODS, "p", &bad).is_err());
+    }
 }

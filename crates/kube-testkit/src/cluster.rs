@@ -10,6 +10,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::kubelet::Kubelet;
 use crate::kueue::KueueState;
+use crate::sim::SimState;
 use crate::store::Store;
 use crate::RecordedRequest;
 
@@ -42,6 +43,7 @@ pub(crate) struct Cluster {
     pub kubelet: Kubelet,
     pub kueue: KueueState,
     pub requests: Vec<RecordedRequest>,
+    pub sim: SimState,
 }
 
 pub(crate) struct Shared {

@@ -249,6 +249,13 @@ async fn resource_request(
             .or_else(|_| serde_yaml::from_slice(&body))
             .map_err(|e| ApiError::bad_request(format!("error decoding the request body: {e}")))
     };
+    if d.namespaced && t.namespace.is_none() && method != Method::GET {
+        let msg = format!("the server does not allow this method on the requested resource ({method} {} without a namespace)", d.plural);
+        return (
+            "unknown",
+            error_response(&ApiError::method_not_allowed(msg)),
+        );
+    }
     let kick = || shared.kick.notify_one();
     let sub = t.sub.clone();
     match (method.clone(), t.name.is_some(), sub.as_deref()) {

@@ -36,7 +36,7 @@ pub enum Disruption {
     EvictionApi,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum CState {
     Waiting { reason: String, message: String },
     Running { started_at: String },
@@ -57,6 +57,12 @@ struct ContainerRun {
 impl ContainerRun {
     fn live(&self) -> bool {
         self.pgid.is_some() && matches!(self.state, CState::Running { .. })
+    }
+
+    /// An init container lets the next one start: it succeeded, or it is a started sidecar.
+    fn init_satisfied(&self) -> bool {
+        let sidecar_started = self.sidecar && !matches!(self.state, CState::Waiting { .. });
+        sidecar_started || self.exit().is_some_and(|e| e.code == 0)
     }
 
     fn exit(&self) -> Option<&Exit> {
@@ -80,15 +86,48 @@ pub(crate) struct PodRun {
     volumes: Option<HashMap<String, PathBuf>>,
     containers: Vec<ContainerRun>,
     pull_attempts: u32,
+    /// `spec.activeDeadlineSeconds`, watched while the pod runs.
+    deadline: Option<Duration>,
     start_time: String,
     started_instant: Instant,
     termination: Option<Termination>,
     stop_requested: Option<Instant>,
     kill_sent: bool,
     final_phase: Option<&'static str>,
+    /// The pod's resourceVersion and this run's fingerprint after the last status write.
+    rendered: Option<(String, u64)>,
 }
 
 impl PodRun {
+    /// Everything the rendered status depends on.
+    fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for c in &self.containers {
+            c.state.hash(&mut h);
+            c.pgid.is_some().hash(&mut h);
+        }
+        self.final_phase.hash(&mut h);
+        self.termination.as_ref().map(|t| &t.reason).hash(&mut h);
+        self.stop_requested.is_some().hash(&mut h);
+        self.pull_attempts.hash(&mut h);
+        self.volumes.is_some().hash(&mut h);
+        h.finish()
+    }
+
+    /// Nothing will happen without an exit, a write or a stop: every container started (or the
+    /// pod ended), no deadline and no stop pending.
+    fn settled(&self) -> bool {
+        self.final_phase.is_some()
+            || (self.stop_requested.is_none()
+                && self.termination.is_none()
+                && self.deadline.is_none()
+                && self
+                    .containers
+                    .iter()
+                    .all(|c| !matches!(c.state, CState::Waiting { .. })))
+    }
+
     fn any_live(&self) -> bool {
         self.containers.iter().any(ContainerRun::live)
     }
@@ -101,6 +140,8 @@ impl PodRun {
 #[derive(Default)]
 pub(crate) struct Kubelet {
     runs: HashMap<String, PodRun>,
+    /// A process exit was recorded since the last step.
+    pub(crate) dirty: bool,
 }
 
 fn random_hex(n: usize) -> String {
@@ -111,7 +152,18 @@ fn random_hex(n: usize) -> String {
 
 impl Kubelet {
     /// A process monitor's report: the container's process ended.
+    /// Whether a run is waiting on the clock (a grace period to enforce, a deadline to watch, an
+    /// image pull to retry), so the simulation must keep stepping without any write.
+    pub(crate) fn needs_time(&self) -> bool {
+        self.runs.values().any(|r| {
+            (r.stop_requested.is_some() && r.any_live())
+                || (r.final_phase.is_none() && r.deadline.is_some())
+                || r.pull_attempts == 1
+        })
+    }
+
     pub(crate) fn record_exit(&mut self, pod_uid: &str, container: &str, exit: Exit) {
+        self.dirty = true;
         let Some(run) = self.runs.get_mut(pod_uid) else {
             return;
         };
@@ -262,21 +314,23 @@ fn affinity_matches(p: &Value, labels: &std::collections::BTreeMap<String, Strin
 
 /// Picks a node for `p` (first by name among those that fit) or explains why none fits, in the
 /// scheduler's words.
-fn schedule(cl: &Cluster, p: &Value) -> Result<String, String> {
+/// GPUs held per node by bound, non-terminal pods.
+fn gpus_in_use(cl: &Cluster) -> HashMap<String, u64> {
+    let mut used: HashMap<String, u64> = HashMap::new();
+    for p in cl.store.list(id::PODS, None) {
+        if !pod::is_terminal(p) && !pod::node_name(p).is_empty() {
+            *used.entry(pod::node_name(p).to_string()).or_default() += pod::gpus(p);
+        }
+    }
+    used
+}
+
+fn schedule(cl: &Cluster, used: &HashMap<String, u64>, p: &Value) -> Result<String, String> {
     let nodes: Vec<&Value> = cl.store.list(id::NODES, None).collect();
     if nodes.is_empty() {
         return Err("no nodes available to schedule pods".into());
     }
     let want = pod::gpus(p);
-    let mut used: HashMap<&str, u64> = HashMap::new();
-    for other in cl.store.list(id::PODS, None) {
-        if !pod::is_terminal(other)
-            && !pod::node_name(other).is_empty()
-            && uid_of(other) != uid_of(p)
-        {
-            *used.entry(pod::node_name(other)).or_default() += pod::gpus(other);
-        }
-    }
     let selector: Vec<(String, String)> = p
         .pointer("/spec/nodeSelector")
         .and_then(Value::as_object)
@@ -383,12 +437,17 @@ fn new_run(cl: &Cluster, p: &Value) -> PodRun {
         volumes: None,
         containers,
         pull_attempts: 0,
+        deadline: p
+            .pointer("/spec/activeDeadlineSeconds")
+            .and_then(Value::as_u64)
+            .map(Duration::from_secs),
         start_time: now_rfc3339(),
         started_instant: Instant::now(),
         termination: None,
         stop_requested: None,
         kill_sent: false,
         final_phase: None,
+        rendered: None,
     }
 }
 
@@ -522,10 +581,7 @@ fn advance(cl: &Cluster, shared: &Weak<Shared>, p: &Value, run: &mut PodRun) {
             match run.containers[idx].state.clone() {
                 CState::Waiting { .. } => {
                     start_container(cl, shared, p, run, idx);
-                    let c = &run.containers[idx];
-                    if !(c.sidecar && matches!(c.state, CState::Running { .. }))
-                        && !matches!(c.exit(), Some(e) if e.code == 0)
-                    {
+                    if !run.containers[idx].init_satisfied() {
                         init_done = false;
                         break;
                     }
@@ -553,13 +609,8 @@ fn advance(cl: &Cluster, shared: &Weak<Shared>, p: &Value, run: &mut PodRun) {
                 start_container(cl, shared, p, run, idx);
             }
         }
-        if let Some(deadline) = p
-            .pointer("/spec/activeDeadlineSeconds")
-            .and_then(Value::as_u64)
-        {
-            if run.started_instant.elapsed() > Duration::from_secs(deadline)
-                && run.termination.is_none()
-            {
+        if let Some(deadline) = run.deadline {
+            if run.started_instant.elapsed() > deadline && run.termination.is_none() {
                 run.termination = Some(Termination {
                     reason: "DeadlineExceeded".into(),
                     message: "Pod was active on the node longer than the specified deadline".into(),
@@ -714,11 +765,7 @@ fn render(p: &Value, run: &PodRun) -> Value {
     let initialized_pending: Vec<&str> = run
         .containers
         .iter()
-        .filter(|c| {
-            c.init
-                && !(c.sidecar && !matches!(c.state, CState::Waiting { .. }))
-                && !c.exit().is_some_and(|e| e.code == 0)
-        })
+        .filter(|c| c.init && !c.init_satisfied())
         .map(|c| c.name.as_str())
         .collect();
     pod::ensure_condition(
@@ -795,14 +842,47 @@ fn has_finalizers(p: &Value) -> bool {
         .is_some_and(|f| !f.is_empty())
 }
 
+/// A pod this pass can skip: gated and already reported so, or run by a settled kubelet run
+/// whose last status write is still current.
+fn is_quiet(cl: &Cluster, p: &Value) -> bool {
+    if pod::is_deleting(p) {
+        return false;
+    }
+    if pod::node_name(p).is_empty() {
+        let reported = pod::condition(p, "PodScheduled")
+            .and_then(|c| c.get("reason"))
+            .and_then(Value::as_str)
+            == Some("SchedulingGated");
+        return reported && !pod::gates(p).is_empty();
+    }
+    cl.kubelet.runs.get(uid_of(p)).is_some_and(|run| {
+        run.settled()
+            && run.rendered.as_ref().is_some_and(|(rv, fp)| {
+                rv == meta_str(p, "resourceVersion") && *fp == run.fingerprint()
+            })
+    })
+}
+
 /// One scheduler + kubelet pass over every pod.
 pub(crate) fn tick(cl: &mut Cluster, shared: &Weak<Shared>) {
     reap_orphans(cl);
-    let pods: Vec<Value> = cl.store.list(id::PODS, None).cloned().collect();
-    for p in pods {
+    // Terminal pods that are not being deleted need nothing more from the kubelet.
+    let keys: Vec<(String, String)> = cl
+        .store
+        .list(id::PODS, None)
+        .filter(|p| !pod::is_terminal(p) || pod::is_deleting(p))
+        .map(|p| (meta_str(p, "namespace").to_string(), name_of(p).to_string()))
+        .collect();
+    let mut used = gpus_in_use(cl);
+    for (ns, name) in keys {
+        let Some(current) = cl.store.get(id::PODS, &ns, &name) else {
+            continue;
+        };
+        if is_quiet(cl, current) {
+            continue;
+        }
+        let p = current.clone();
         let uid = uid_of(&p).to_string();
-        let ns = meta_str(&p, "namespace").to_string();
-        let name = name_of(&p).to_string();
         let bound = !pod::node_name(&p).is_empty();
         let deleting = pod::is_deleting(&p);
         if !bound {
@@ -826,8 +906,9 @@ pub(crate) fn tick(cl: &mut Cluster, shared: &Weak<Shared>) {
                     true,
                 );
             } else {
-                match schedule(cl, &p) {
+                match schedule(cl, &used, &p) {
                     Ok(node) => {
+                        *used.entry(node.clone()).or_default() += pod::gpus(&p);
                         next["spec"]["nodeName"] = json!(node);
                         pod::ensure_condition(&mut next, "PodScheduled", "True", "", "", true);
                     }
@@ -856,15 +937,19 @@ pub(crate) fn tick(cl: &mut Cluster, shared: &Weak<Shared>) {
             }
             None => new_run(cl, &p),
         };
-        if deleting {
-            request_stop(&mut run);
-        } else if run.termination.is_some() {
+        if deleting || run.termination.is_some() {
             request_stop(&mut run);
         }
         advance(cl, shared, &p, &mut run);
         enforce_stop(cl, &p, &mut run);
         let next = render(&p, &run);
-        cl.store.update(id::PODS, next);
+        let stored = cl.store.update(id::PODS, next);
+        run.rendered = stored.map(|o| {
+            (
+                meta_str(&o, "resourceVersion").to_string(),
+                run.fingerprint(),
+            )
+        });
         let done = run.final_phase.is_some() && !run.any_live();
         if deleting && done && !has_finalizers(cl.store.get(id::PODS, &ns, &name).unwrap_or(&p)) {
             cl.store.remove(id::PODS, &ns, &name);

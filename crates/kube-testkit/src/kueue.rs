@@ -13,7 +13,7 @@ use crate::cluster::{Cluster, Settings};
 use crate::pod;
 use crate::resources::{id, ResourceDef};
 use crate::status::ApiError;
-use crate::store::{meta_str, metadata_mut, name_of, uid_of};
+use crate::store::{meta_str, metadata_mut, name_of, uid_of, Store};
 
 pub(crate) const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 pub(crate) const PRIORITY_LABEL: &str = "kueue.x-k8s.io/priority-class";
@@ -67,7 +67,7 @@ pub(crate) fn pod_webhook(
     }
     if pod::label(pod, GROUP_LABEL).is_some() {
         let total = pod::annotation(pod, TOTAL_COUNT).and_then(|v| v.parse::<i64>().ok());
-        if !total.is_some_and(|t| t >= 1) {
+        if total.is_none_or(|t| t < 1) {
             return Err(ApiError::forbidden_object(
                 d,
                 name,
@@ -341,24 +341,60 @@ fn new_workload(cl: &Cluster, ns: &str, name: &str, pods: &[&Value], group: bool
     wl
 }
 
+/// Where each managed pod sits, built once per pass: group members by `(namespace, group)`,
+/// others by uid. Holds keys, not objects, so the pass can write while using it.
+#[derive(Default)]
+struct PodIndex {
+    groups: HashMap<(String, String), Vec<String>>,
+    single: HashMap<String, (String, String)>,
+}
+
+impl PodIndex {
+    fn build(cl: &Cluster) -> Self {
+        let mut idx = PodIndex::default();
+        for p in cl
+            .store
+            .list(id::PODS, None)
+            .filter(|p| pod::label(p, QUEUE_LABEL).is_some())
+        {
+            let ns = meta_str(p, "namespace").to_string();
+            let name = name_of(p).to_string();
+            match pod::label(p, GROUP_LABEL) {
+                Some(g) => idx
+                    .groups
+                    .entry((ns, g.to_string()))
+                    .or_default()
+                    .push(name),
+                None => {
+                    idx.single.insert(uid_of(p).to_string(), (ns, name));
+                }
+            }
+        }
+        idx
+    }
+}
+
 /// Pods of a workload: the owner pod of a single workload, the group's pods otherwise.
-fn workload_pods(cl: &Cluster, wl: &Value) -> Vec<Value> {
+fn workload_pods<'a>(store: &'a Store, idx: &PodIndex, wl: &Value) -> Vec<&'a Value> {
     let ns = meta_str(wl, "namespace");
-    if pod::annotation(wl, GROUP_WORKLOAD) == Some("true") {
-        let group = name_of(wl);
-        cl.store
-            .list(id::PODS, Some(ns))
-            .filter(|p| pod::label(p, GROUP_LABEL) == Some(group))
-            .cloned()
+    let keys: Vec<(String, String)> = if pod::annotation(wl, GROUP_WORKLOAD) == Some("true") {
+        let names = idx.groups.get(&(ns.to_string(), name_of(wl).to_string()));
+        names
+            .into_iter()
+            .flatten()
+            .map(|n| (ns.to_string(), n.clone()))
             .collect()
     } else {
         let uid = pod::label(wl, JOB_UID_LABEL).unwrap_or_default();
-        cl.store
-            .list(id::PODS, Some(ns))
-            .filter(|p| uid_of(p) == uid)
-            .cloned()
-            .collect()
-    }
+        idx.single.get(uid).into_iter().cloned().collect()
+    };
+    keys.iter()
+        .filter_map(|(ns, n)| store.get(id::PODS, ns, n))
+        .filter(|p| {
+            pod::annotation(wl, GROUP_WORKLOAD) == Some("true")
+                || pod::label(wl, JOB_UID_LABEL) == Some(uid_of(p))
+        })
+        .collect()
 }
 
 fn group_total(p: &Value) -> usize {
@@ -367,11 +403,11 @@ fn group_total(p: &Value) -> usize {
         .unwrap_or(1)
 }
 
-fn cluster_queue(cl: &Cluster, ns: &str, queue: &str) -> Option<String> {
-    cl.store.get(id::LOCAL_QUEUES, ns, queue).map(|lq| {
+fn cluster_queue(store: &Store, settings: &Settings, ns: &str, queue: &str) -> Option<String> {
+    store.get(id::LOCAL_QUEUES, ns, queue).map(|lq| {
         lq.pointer("/spec/clusterQueue")
             .and_then(Value::as_str)
-            .unwrap_or(&cl.settings.cluster_queue)
+            .unwrap_or(&settings.cluster_queue)
             .to_string()
     })
 }
@@ -435,7 +471,8 @@ fn set_quota_reserved(cl: &Cluster, wl: &mut Value, gpus: u64, count: usize) {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let cq = cluster_queue(cl, &ns, &queue).unwrap_or_else(|| cl.settings.cluster_queue.clone());
+    let cq = cluster_queue(&cl.store, &cl.settings, &ns, &queue)
+        .unwrap_or_else(|| cl.settings.cluster_queue.clone());
     let flavor = cl.settings.resource_flavor.clone();
     pod::status_mut(wl).insert(
         "admission".into(),
@@ -464,45 +501,45 @@ fn set_quota_reserved(cl: &Cluster, wl: &mut Value, gpus: u64, count: usize) {
     );
 }
 
-/// One Kueue pass: create workloads, finish or release them, plan admission, apply it, and drop
-/// the managed finalizer from pods Kueue no longer needs.
-pub(crate) fn tick(cl: &mut Cluster) {
-    create_workloads(cl);
-    let live: std::collections::HashSet<String> = cl
-        .store
+/// What one pass learned about the workloads: the planner's views (with each one's namespace)
+/// and the status writes it already decided (finished, released).
+#[derive(Default)]
+struct Survey {
+    views: Vec<WorkloadView>,
+    namespaces: Vec<String>,
+    writes: Vec<Value>,
+}
+
+fn survey(store: &Store, settings: &Settings, kueue: &mut KueueState, index: &PodIndex) -> Survey {
+    let mut out = Survey::default();
+    // Finished and deleting workloads hold nothing and need nothing.
+    for wl in store
         .list(id::WORKLOADS, None)
-        .map(|w| uid_of(w).to_string())
-        .collect();
-    cl.kueue.retain(&live);
-    let workloads: Vec<Value> = cl.store.list(id::WORKLOADS, None).cloned().collect();
-    let mut views: Vec<WorkloadView> = Vec::new();
-    let mut objs: Vec<Value> = Vec::new();
-    for wl in workloads {
-        let pods: Vec<Value> = workload_pods(cl, &wl);
-        let is_group = pod::annotation(&wl, GROUP_WORKLOAD) == Some("true");
+        .filter(|w| !pod::condition_true(w, "Finished") && !pod::is_deleting(w))
+    {
+        let pods: Vec<&Value> = workload_pods(store, index, wl);
+        let is_group = pod::annotation(wl, GROUP_WORKLOAD) == Some("true");
         let total = if is_group {
-            pods.first().map(group_total).unwrap_or(usize::MAX)
+            pods.first().map(|p| group_total(p)).unwrap_or(usize::MAX)
         } else {
             1
         };
-        let gpus: u64 = pods.iter().map(pod::gpus).sum();
+        let gpus: u64 = pods.iter().map(|p| pod::gpus(p)).sum();
         let any_active = pods.iter().any(|p| is_active(p));
-        let mut next = wl.clone();
-        if pod::condition_true(&wl, "Finished") || pod::is_deleting(&wl) {
-            continue;
-        }
-        let reserved = pod::condition_true(&wl, "QuotaReserved");
-        let evicted = pod::condition_true(&wl, "Evicted");
+        let all_terminal = pods.iter().all(|p| pod::is_terminal(p));
+        let reserved = pod::condition_true(wl, "QuotaReserved");
+        let evicted = pod::condition_true(wl, "Evicted");
         let state = if evicted {
             if any_active {
                 WorkloadState::Evicting
             } else {
                 if reserved {
-                    let msg = pod::condition(&wl, "Evicted")
+                    let msg = pod::condition(wl, "Evicted")
                         .and_then(|c| c.get("message"))
                         .and_then(Value::as_str)
                         .unwrap_or_default()
                         .to_string();
+                    let mut next = wl.clone();
                     pod::set_condition(
                         &mut next,
                         "QuotaReserved",
@@ -520,24 +557,20 @@ pub(crate) fn tick(cl: &mut Cluster) {
                         false,
                     );
                     pod::status_mut(&mut next).remove("admission");
-                    cl.store.update(id::WORKLOADS, next);
+                    out.writes.push(next);
                 }
                 continue;
             }
         } else if reserved {
-            let finished =
-                !pods.is_empty() && pods.iter().all(pod::is_terminal) && pods.len() >= total;
-            if finished {
+            if !pods.is_empty() && all_terminal && pods.len() >= total {
                 let ok = pods.iter().filter(|p| pod::phase(p) == "Succeeded").count();
                 let (reason, msg) = if ok == pods.len() {
-                    (
-                        "Succeeded",
-                        if is_group {
-                            format!("Pods succeeded: {ok}/{total}.")
-                        } else {
-                            "Job finished successfully".to_string()
-                        },
-                    )
+                    let msg = if is_group {
+                        format!("Pods succeeded: {ok}/{total}.")
+                    } else {
+                        "Job finished successfully".to_string()
+                    };
+                    ("Succeeded", msg)
                 } else {
                     let m = pods
                         .iter()
@@ -546,17 +579,17 @@ pub(crate) fn tick(cl: &mut Cluster) {
                         .to_string();
                     ("Failed", m)
                 };
+                let mut next = wl.clone();
                 pod::set_condition(&mut next, "Finished", "True", reason, &msg, false);
-                cl.store.update(id::WORKLOADS, next);
+                out.writes.push(next);
                 continue;
             }
-            if !any_active && pods.iter().all(pod::is_terminal) && pods.len() < total {
+            if !any_active && all_terminal && pods.len() < total {
                 continue;
             }
-            let seq = *cl
-                .kueue
+            let seq = *kueue
                 .admitted_seq
-                .entry(uid_of(&wl).to_string())
+                .entry(uid_of(wl).to_string())
                 .or_insert(0);
             WorkloadState::Admitted { seq }
         } else {
@@ -565,47 +598,69 @@ pub(crate) fn tick(cl: &mut Cluster) {
                 .pointer("/spec/queueName")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let ns = meta_str(&wl, "namespace");
-            let blocked =
-                if cl.settings.require_local_queue && cluster_queue(cl, ns, queue).is_none() {
-                    Some(format!("LocalQueue {queue} doesn't exist"))
-                } else {
-                    None
-                };
+            let ns = meta_str(wl, "namespace");
+            let blocked = if settings.require_local_queue
+                && cluster_queue(store, settings, ns, queue).is_none()
+            {
+                Some(format!("LocalQueue {queue} doesn't exist"))
+            } else {
+                None
+            };
             WorkloadState::Pending {
                 ready: active >= total && blocked.is_none(),
                 blocked,
             }
         };
-        views.push(WorkloadView {
-            name: name_of(&wl).to_string(),
+        out.views.push(WorkloadView {
+            name: name_of(wl).to_string(),
             priority: wl
                 .pointer("/spec/priority")
                 .and_then(Value::as_i64)
                 .unwrap_or(0),
             gpus,
-            order: cl.kueue.order_of(uid_of(&wl)),
+            order: kueue.order_of(uid_of(wl)),
             state,
         });
-        objs.push(wl);
+        out.namespaces.push(meta_str(wl, "namespace").to_string());
+    }
+    out
+}
+
+/// One Kueue pass: create workloads, finish or release them, plan admission, apply it, and drop
+/// the managed finalizer from pods Kueue no longer needs.
+pub(crate) fn tick(cl: &mut Cluster) {
+    create_workloads(cl);
+    let live: std::collections::HashSet<String> = cl
+        .store
+        .list(id::WORKLOADS, None)
+        .map(|w| uid_of(w).to_string())
+        .collect();
+    cl.kueue.retain(&live);
+    let index = PodIndex::build(cl);
+    let Survey {
+        views,
+        namespaces,
+        writes,
+    } = survey(&cl.store, &cl.settings, &mut cl.kueue, &index);
+    for w in writes {
+        cl.store.update(id::WORKLOADS, w);
     }
     let flavor = cl.settings.resource_flavor.clone();
     let verdicts = plan(cl.settings.gpu_quota, &flavor, &views);
     for (i, verdict) in verdicts {
         let Some(mut wl) = cl
             .store
-            .get(
-                id::WORKLOADS,
-                meta_str(&objs[i], "namespace"),
-                &views[i].name,
-            )
+            .get(id::WORKLOADS, &namespaces[i], &views[i].name)
             .cloned()
         else {
             continue;
         };
         match verdict {
             Verdict::Admit => {
-                let pods: Vec<Value> = workload_pods(cl, &wl);
+                let pods: Vec<Value> = workload_pods(&cl.store, &index, &wl)
+                    .into_iter()
+                    .cloned()
+                    .collect();
                 set_quota_reserved(cl, &mut wl, views[i].gpus, pods.len());
                 cl.kueue.seq += 1;
                 let seq = cl.kueue.seq;
@@ -620,7 +675,7 @@ pub(crate) fn tick(cl: &mut Cluster) {
                     job_uid(&wl)
                 );
                 for v in victims {
-                    preempt(cl, meta_str(&objs[v], "namespace"), &views[v].name, &msg);
+                    preempt(cl, &index, &namespaces[v], &views[v].name, &msg);
                 }
                 pod::ensure_condition(
                     &mut wl,
@@ -674,15 +729,16 @@ fn job_uid(wl: &Value) -> String {
 /// Evicts an admitted workload: `Evicted`/`Preempted` conditions on the workload, then each
 /// active pod gets `TerminationTarget=True` (reason `WorkloadEvictedDueToPreempted`) and is
 /// deleted, as Kueue's pod integration stops pods.
-fn preempt(cl: &mut Cluster, ns: &str, name: &str, msg: &str) {
+fn preempt(cl: &mut Cluster, index: &PodIndex, ns: &str, name: &str, msg: &str) {
     let Some(mut wl) = cl.store.get(id::WORKLOADS, ns, name).cloned() else {
         return;
     };
     pod::set_condition(&mut wl, "Evicted", "True", "Preempted", msg, false);
     pod::set_condition(&mut wl, "Preempted", "True", "InClusterQueue", msg, false);
-    let pods: Vec<Value> = workload_pods(cl, &wl)
+    let pods: Vec<Value> = workload_pods(&cl.store, index, &wl)
         .into_iter()
         .filter(|p| !pod::is_deleting(p))
+        .cloned()
         .collect();
     cl.store.update(id::WORKLOADS, wl);
     for mut p in pods {

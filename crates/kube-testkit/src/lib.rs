@@ -70,6 +70,26 @@
 //! Test controls live on the handle: nodes, quota, disruptions ([`Disruption`]), vanishing pods,
 //! the requests served, and [`TestApiServer::shutdown`], which stops the server and kills every
 //! process it started (dropping the handle does the same, without waiting).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use iris_kube_testkit::{NodeSpec, ServerOptions, TestApiServer};
+//!
+//! let opts = ServerOptions {
+//!     nodes: vec![NodeSpec::new("gpu-0").gpus(8)],
+//!     gpu_quota: Some(8),
+//!     ..Default::default()
+//! };
+//! let (server, url) = TestApiServer::start(opts).await?;
+//! let client = kube::Client::try_from(kube::Config::new(url.parse()?))?;
+//! // ... run the code under test against `client`, assert on objects and `server.requests()` ...
+//! server.shutdown().await;
+//! # drop(client);
+//! # Ok(())
+//! # }
+//! ```
+
+#![warn(missing_docs)]
 
 mod apiserver;
 mod cluster;
@@ -162,10 +182,15 @@ impl Default for ServerOptions {
 /// taints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSpec {
+    /// Node name (also its `kubernetes.io/hostname` label).
     pub name: String,
+    /// Labels besides `kubernetes.io/{hostname,os,arch}`.
     pub labels: BTreeMap<String, String>,
+    /// `nvidia.com/gpu` capacity and allocatable (absent when 0).
     pub gpus: u64,
+    /// CPU capacity (not accounted by the scheduler).
     pub cpu: String,
+    /// Memory capacity (not accounted by the scheduler).
     pub memory: String,
     /// `(key, value, effect)`, e.g. `("nvidia.com/gpu", "present", "NoSchedule")`.
     pub taints: Vec<(String, String, String)>,
@@ -184,16 +209,19 @@ impl NodeSpec {
         }
     }
 
+    /// Sets the node's GPUs.
     pub fn gpus(mut self, gpus: u64) -> Self {
         self.gpus = gpus;
         self
     }
 
+    /// Adds a label.
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), value.into());
         self
     }
 
+    /// Adds a taint (`NoSchedule`/`NoExecute` ones repel pods that do not tolerate them).
     pub fn taint(
         mut self,
         key: impl Into<String>,
@@ -245,7 +273,9 @@ impl NodeSpec {
 /// One request the server answered, for assertions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedRequest {
+    /// HTTP method.
     pub method: String,
+    /// URL path.
     pub path: String,
     /// The raw query string.
     pub query: String,
@@ -256,8 +286,11 @@ pub struct RecordedRequest {
     pub api_group: String,
     /// Plural, with the subresource if any (`pods/log`, `pods/status`).
     pub resource: Option<String>,
+    /// Namespace in the path, if any.
     pub namespace: Option<String>,
+    /// Object name in the path, if any.
     pub name: Option<String>,
+    /// The request's `Content-Type`.
     pub content_type: Option<String>,
     /// HTTP status of the answer (200 for a watch that started streaming).
     pub status: u16,
@@ -266,19 +299,26 @@ pub struct RecordedRequest {
 /// Errors of the test controls and of starting the server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The listener could not be bound.
     #[error("binding 127.0.0.1:0 for the test API server")]
     Bind(#[source] std::io::Error),
+    /// The work directory could not be created.
     #[error("creating the work directory {}", path.display())]
     WorkDir {
+        /// The directory.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
     /// The fake API server refused, as it would answer over HTTP.
     #[error("{message} ({code} {reason})")]
     Api {
+        /// HTTP status code.
         code: u16,
+        /// `Status.reason` (`NotFound`, `AlreadyExists`, `TooManyRequests`, ...).
         reason: String,
+        /// `Status.message`.
         message: String,
     },
 }
@@ -401,6 +441,7 @@ impl TestApiServer {
             kubelet: Default::default(),
             kueue: Default::default(),
             requests: Vec::new(),
+            sim: Default::default(),
         };
         seed(&mut cluster, &opts)?;
         let shared = Arc::new(Shared::new(cluster));
@@ -462,15 +503,34 @@ impl TestApiServer {
         r
     }
 
+    /// Deletes a node; the pod garbage collector then force-deletes the pods bound to it (with
+    /// `DisruptionTarget=True` reason `DeletionByPodGC`) and their processes are killed.
+    pub fn remove_node(&self, name: &str) -> Result<(), Error> {
+        let r = apiserver::delete(
+            &mut self.shared.lock(),
+            id::NODES,
+            "",
+            name,
+            &Default::default(),
+        );
+        self.shared.kick.notify_one();
+        r.map(|_| ()).map_err(Error::from)
+    }
+
     /// Sets Kueue's GPU quota (`None`: unlimited). Lowering it preempts nothing by itself.
     pub fn set_gpu_quota(&self, quota: Option<u64>) {
-        self.shared.lock().settings.gpu_quota = quota;
+        let mut cl = self.shared.lock();
+        cl.settings.gpu_quota = quota;
+        cl.sim.dirty = true;
+        drop(cl);
         self.shared.kick.notify_one();
     }
 
     /// Makes `image` fail to pull from now on.
     pub fn add_bad_image(&self, image: impl Into<String>) {
-        self.shared.lock().settings.bad_images.insert(image.into());
+        let mut cl = self.shared.lock();
+        cl.settings.bad_images.insert(image.into());
+        cl.sim.dirty = true;
     }
 
     /// Node shutdown: `DisruptionTarget=True` reason `TerminationByKubelet` naming the node, the
@@ -522,6 +582,7 @@ impl TestApiServer {
         self.shared.lock().requests.clone()
     }
 
+    /// Forgets the requests recorded so far.
     pub fn clear_requests(&self) {
         self.shared.lock().requests.clear();
     }

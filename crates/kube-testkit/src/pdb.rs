@@ -1,5 +1,7 @@
 //! PodDisruptionBudget arithmetic (the disruption controller's status and the eviction check).
 
+use std::collections::HashMap;
+
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
@@ -43,26 +45,63 @@ fn int_or_percent(v: &Value, total: i64, round_up: bool) -> Option<i64> {
     }
 }
 
-fn selects(pdb: &Value, p: &Value) -> bool {
-    if meta_str(pdb, "namespace") != meta_str(p, "namespace") {
-        return false;
+/// Pods that count for budgets (not terminal, not terminating), by namespace and by label.
+struct PodIndex<'a> {
+    by_ns: HashMap<&'a str, Vec<&'a Value>>,
+    by_label: HashMap<(&'a str, &'a str, &'a str), Vec<&'a Value>>,
+}
+
+impl<'a> PodIndex<'a> {
+    fn build(cl: &'a Cluster) -> Self {
+        let mut idx = PodIndex {
+            by_ns: HashMap::new(),
+            by_label: HashMap::new(),
+        };
+        for p in cl
+            .store
+            .list(id::PODS, None)
+            .filter(|p| !pod::is_terminal(p) && !pod::is_deleting(p))
+        {
+            let ns = meta_str(p, "namespace");
+            idx.by_ns.entry(ns).or_default().push(p);
+            if let Some(labels) = p.pointer("/metadata/labels").and_then(Value::as_object) {
+                for (k, v) in labels {
+                    if let Some(v) = v.as_str() {
+                        idx.by_label.entry((ns, k.as_str(), v)).or_default().push(p);
+                    }
+                }
+            }
+        }
+        idx
     }
-    match pdb
-        .pointer("/spec/selector")
-        .and_then(LabelSelector::from_object)
-    {
-        Some(sel) => !sel.is_empty() && sel.matches_object(p),
-        None => false,
+
+    /// The counted pods `pdb` selects (an empty or missing selector selects none).
+    fn selected(&self, pdb: &Value) -> Vec<&'a Value> {
+        let ns = meta_str(pdb, "namespace");
+        let Some(sel) = pdb
+            .pointer("/spec/selector")
+            .and_then(LabelSelector::from_object)
+        else {
+            return Vec::new();
+        };
+        if sel.is_empty() {
+            return Vec::new();
+        }
+        let candidates = match sel.first_eq() {
+            Some((k, v)) => self.by_label.get(&(ns, k, v)),
+            None => self.by_ns.get(ns),
+        };
+        candidates
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|p| sel.matches_object(p))
+            .collect()
     }
 }
 
-pub(crate) fn evaluate(cl: &Cluster, pdb: &Value) -> Budget {
-    let ns = meta_str(pdb, "namespace");
-    let pods: Vec<&Value> = cl
-        .store
-        .list(id::PODS, Some(ns))
-        .filter(|p| selects(pdb, p) && !pod::is_terminal(p) && !pod::is_deleting(p))
-        .collect();
+fn evaluate_with(index: &PodIndex<'_>, pdb: &Value) -> Budget {
+    let pods = index.selected(pdb);
     let expected = pods.len() as i64;
     let current_healthy = pods.iter().filter(|p| is_healthy(p)).count() as i64;
     let spec = pdb.get("spec").cloned().unwrap_or_default();
@@ -82,21 +121,43 @@ pub(crate) fn evaluate(cl: &Cluster, pdb: &Value) -> Budget {
     }
 }
 
-/// The budgets selecting `p`.
+/// The budgets selecting `p`, evaluated now.
 pub(crate) fn covering(cl: &Cluster, p: &Value) -> Vec<Budget> {
+    let index = PodIndex::build(cl);
     let ns = meta_str(p, "namespace");
     cl.store
         .list(id::PDBS, Some(ns))
-        .filter(|b| selects(b, p))
-        .map(|b| evaluate(cl, b))
+        .filter(|b| {
+            LabelSelector::from_object(b.pointer("/spec/selector").unwrap_or(&Value::Null))
+                .is_some_and(|sel| !sel.is_empty() && sel.matches_object(p))
+        })
+        .map(|b| evaluate_with(&index, b))
         .collect()
+}
+
+fn status_is_current(b: &Value, e: &Budget) -> bool {
+    let field = |f: &str| b.pointer(&format!("/status/{f}")).and_then(Value::as_i64);
+    field("expectedPods") == Some(e.expected)
+        && field("currentHealthy") == Some(e.current_healthy)
+        && field("desiredHealthy") == Some(e.desired_healthy)
+        && field("disruptionsAllowed") == Some(e.disruptions_allowed)
+        && b.pointer("/status/observedGeneration") == b.pointer("/metadata/generation")
+        && pod::condition(b, "DisruptionAllowed").is_some()
 }
 
 /// The disruption controller: keeps every budget's status current.
 pub(crate) fn tick(cl: &mut Cluster) {
-    let budgets: Vec<Value> = cl.store.list(id::PDBS, None).cloned().collect();
-    for b in budgets {
-        let e = evaluate(cl, &b);
+    let evaluated: Vec<(Value, Budget)> = {
+        let index = PodIndex::build(cl);
+        cl.store
+            .list(id::PDBS, None)
+            .filter_map(|b| {
+                let e = evaluate_with(&index, b);
+                (!status_is_current(b, &e)).then(|| (b.clone(), e))
+            })
+            .collect()
+    };
+    for (b, e) in evaluated {
         let mut next = b.clone();
         {
             let st = pod::status_mut(&mut next);

@@ -73,7 +73,7 @@ impl LogBuffer {
 }
 
 /// How a container process ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Exit {
     pub code: i32,
     pub finished_at: String,

@@ -102,6 +102,14 @@ impl LabelSelector {
         Ok(Self { reqs })
     }
 
+    /// The first `key=value` requirement, for index lookups.
+    pub(crate) fn first_eq(&self) -> Option<(&str, &str)> {
+        self.reqs.iter().find_map(|r| match &r.op {
+            Op::Eq(v) => Some((r.key.as_str(), v.as_str())),
+            _ => None,
+        })
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.reqs.is_empty()
     }

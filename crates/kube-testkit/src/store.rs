@@ -39,6 +39,9 @@ pub(crate) struct Event {
 
 type Key = (String, String);
 
+/// Replayable events after a version, and the receiver for the ones after them.
+pub(crate) type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+
 pub(crate) struct Store {
     objects: Vec<BTreeMap<Key, Value>>,
     rv: u64,
@@ -157,12 +160,12 @@ impl Store {
             .collect()
     }
 
-    pub(crate) fn all_objects(&self) -> Vec<(usize, Value)> {
+    /// Every stored object with its resource id.
+    pub(crate) fn iter_all(&self) -> impl Iterator<Item = (usize, &Value)> + '_ {
         self.objects
             .iter()
             .enumerate()
-            .flat_map(|(i, m)| m.values().map(move |v| (i, v.clone())))
-            .collect()
+            .flat_map(|(i, m)| m.values().map(move |v| (i, v)))
     }
 
     fn bump(&mut self) -> u64 {
@@ -314,10 +317,7 @@ impl Store {
 
     /// Events after `since`, and a receiver for later ones (taken under the same lock, so nothing
     /// falls between them). `Err` with the oldest replayable version when `since` was compacted.
-    pub(crate) fn subscribe(
-        &self,
-        since: u64,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), u64> {
+    pub(crate) fn subscribe(&self, since: u64) -> Result<Subscription, u64> {
         if since < self.compacted {
             return Err(self.compacted);
         }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{AsyncBufReadExt, StreamExt, TryStreamExt};
 use iris_kube_testkit::{NodeSpec, ServerOptions, TestApiServer};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -268,10 +268,15 @@ async fn queued_pod_is_admitted_runs_and_logs() {
         wl_condition(&wl[0], "Admitted").map(|c| c["status"].clone()),
         Some(json!("True"))
     );
-    assert_eq!(
-        wl_condition(&wl[0], "Finished").map(|c| c["reason"].clone()),
-        Some(json!("Succeeded"))
-    );
+    let wls = workload_api(&client);
+    wait_until("the workload is finished", || async {
+        wls.get_opt(&name)
+            .await
+            .expect("get")
+            .and_then(|w| wl_condition(&w, "Finished"))
+            .is_some_and(|c| c["reason"] == "Succeeded")
+    })
+    .await;
 
     // A failing container reports its exit code.
     pods.create(
@@ -542,12 +547,124 @@ async fn disruption_fails_the_pod_and_kills_its_process() {
         server.running_processes() == 0
     })
     .await;
+
+    // An idle cluster writes nothing: watchers see no spurious MODIFIED events.
+    pods.create(&PostParams::default(), &task_pod("idle", "sleep 300", 0))
+        .await
+        .expect("created");
+    wait_pod(&pods, "idle", "Running", |p| phase(p) == "Running").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = pods
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = pods
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version;
+    assert_eq!(before, after, "no writes while nothing changes");
+    pods.delete("idle", &DeleteParams::default())
+        .await
+        .expect("deleted");
+
+    // A followed log streams while the container runs and ends with it.
+    let script = "for i in 1 2 3; do echo line-$i; sleep 0.2; done";
+    pods.create(&PostParams::default(), &task_pod("chatty", script, 0))
+        .await
+        .expect("created");
+    wait_pod(&pods, "chatty", "started", |p| phase(p) != "Pending").await;
+    let follow = LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let stream = pods
+        .log_stream("chatty", &follow)
+        .await
+        .expect("log stream");
+    let lines: Vec<String> = tokio::time::timeout(TIMEOUT, stream.lines().try_collect())
+        .await
+        .expect("the stream ends with the container")
+        .expect("lines");
+    assert_eq!(lines, vec!["line-1", "line-2", "line-3"]);
+
+    // Losing a node: the pod GC deletes its pods and their processes are killed.
+    pods.create(
+        &PostParams::default(),
+        &task_pod("stranded", "sleep 300", 0),
+    )
+    .await
+    .expect("created");
+    wait_pod(&pods, "stranded", "Running", |p| phase(p) == "Running").await;
+    server.remove_node("testkit-node-0").expect("node removed");
+    wait_gone(&pods, "stranded").await;
+    wait_until("the stranded pod's process is killed", || async {
+        server.running_processes() == 0
+    })
+    .await;
+
+    // Shutdown kills every process the server started.
+    server
+        .add_node(NodeSpec::new("node-2"))
+        .expect("node added");
+    pods.create(
+        &PostParams::default(),
+        &task_pod("survivor", "echo pid=$BASHPID; exec sleep 300", 0),
+    )
+    .await
+    .expect("created");
+    wait_pod(&pods, "survivor", "Running", |p| phase(p) == "Running").await;
+    let mut pid = None;
+    wait_until("the survivor logged its pid", || async {
+        let log = pods
+            .logs("survivor", &LogParams::default())
+            .await
+            .unwrap_or_default();
+        log.trim()
+            .strip_prefix("pid=")
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some()
+    })
+    .await;
+    let log = pods
+        .logs("survivor", &LogParams::default())
+        .await
+        .expect("log");
+    if let Some(p) = log
+        .trim()
+        .strip_prefix("pid=")
+        .and_then(|p| p.parse::<u32>().ok())
+    {
+        pid = Some(p);
+    }
+    let pid = pid.expect("pid logged");
+    assert!(alive(pid), "the survivor runs before shutdown");
     server.shutdown().await;
+    wait_until("the survivor is killed by shutdown", || async {
+        !alive(pid)
+    })
+    .await;
+}
+
+/// Whether a process exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            stat.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                != Some("Z")
+        }
+        Err(_) => false,
+    }
 }
 
 #[tokio::test]
 async fn api_semantics() {
-    let t0 = std::time::Instant::now();
     let opts = ServerOptions {
         bad_images: ["registry.invalid/nope:1".to_string()].into(),
         history_limit: 20,
@@ -575,7 +692,6 @@ async fn api_semantics() {
         other => panic!("expected NotFound, got {other:?}"),
     }
     // Optimistic concurrency.
-    eprintln!("TIMING 575 {:?}", t0.elapsed());
     let mut stale = first.clone();
     cms.patch(
         "cfg",
@@ -590,7 +706,6 @@ async fn api_semantics() {
         other => panic!("expected Conflict, got {other:?}"),
     }
     // Server-side apply creates, then merges.
-    eprintln!("TIMING 589 {:?}", t0.elapsed());
     let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"x": "1"}});
     let pp = PatchParams::apply("iris-test").force();
     cms.patch("applied", &pp, &Patch::Apply(&applied))
@@ -599,7 +714,6 @@ async fn api_semantics() {
     let got = cms.patch("applied", &pp, &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"y": "2"}}))).await.expect("apply merges");
     assert_eq!(got.data.unwrap_or_default().len(), 2);
     // Delete answers a Status; deleting again is 404.
-    eprintln!("TIMING 597 {:?}", t0.elapsed());
     assert!(cms
         .delete("applied", &DeleteParams::default())
         .await
@@ -610,7 +724,6 @@ async fn api_semantics() {
     );
 
     // Priority classes must exist (as with the real admission plugin).
-    eprintln!("TIMING 607 {:?}", t0.elapsed());
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let mut p = task_pod("prio", "true", 0);
     p.spec.as_mut().expect("spec").priority_class_name = Some("iris-batch".into());
@@ -619,7 +732,6 @@ async fn api_semantics() {
     );
 
     // Pod specs are immutable apart from the allowed fields.
-    eprintln!("TIMING 615 {:?}", t0.elapsed());
     pods.create(&PostParams::default(), &task_pod("img", "sleep 300", 0))
         .await
         .expect("created");
@@ -629,7 +741,6 @@ async fn api_semantics() {
     );
 
     // A bad image backs off.
-    eprintln!("TIMING 624 {:?}", t0.elapsed());
     let mut bad = task_pod("badimg", "true", 0);
     bad.spec.as_mut().expect("spec").containers[0].image = Some("registry.invalid/nope:1".into());
     pods.create(&PostParams::default(), &bad)
@@ -657,7 +768,6 @@ async fn api_semantics() {
     );
 
     // Nodes and discovery through the client.
-    eprintln!("TIMING 651 {:?}", t0.elapsed());
     let nodes: Api<Node> = Api::all(client.clone());
     assert_eq!(
         nodes
@@ -677,7 +787,6 @@ async fn api_semantics() {
     assert!(discovery.groups().any(|g| g.name() == "kueue.x-k8s.io"));
 
     // PDBs: eviction is refused while the budget allows no disruption.
-    eprintln!("TIMING 670 {:?}", t0.elapsed());
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), NS);
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({"metadata": {"name": "img-pdb"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"iris.managed": "true"}}}}))
@@ -694,14 +803,17 @@ async fn api_semantics() {
             .is_some_and(|s| s.current_healthy == Some(1))
     })
     .await;
-    let r = pods.evict("img", &Default::default()).await;
+    // kube retries 429 answers by default (with backoff); ask once.
+    let mut cfg = Config::new(server.url().parse().expect("url"));
+    cfg.default_retry = false;
+    let once: Api<Pod> = Api::namespaced(Client::try_from(cfg).expect("client"), NS);
+    let r = once.evict("img", &Default::default()).await;
     assert!(
         matches!(&r, Err(kube::Error::Api(s)) if s.code == 429),
         "{r:?}"
     );
 
     // A watch from a compacted resourceVersion gets 410 Gone.
-    eprintln!("TIMING 690 {:?}", t0.elapsed());
     for i in 0..30 {
         let cm: ConfigMap =
             serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).expect("cm");
@@ -728,5 +840,139 @@ async fn api_semantics() {
         .map(|r| r.query.clone())
         .collect();
     assert!(!watched.is_empty());
+    let unknown: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "unknown")
+        .map(|r| format!("{} {}?{}", r.method, r.path, r.query))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "requests the server did not route: {unknown:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn init_containers_volumes_secrets_and_env() {
+    let (server, client) = start(ServerOptions::default()).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "job-secrets"}, "stringData": {"TOKEN": "s3cr3t"}, "data": {"file.txt": "aGVsbG8="}
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret created");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "staged", "labels": {"kueue.x-k8s.io/queue-name": "iris-lq"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "initContainers": [
+                {"name": "stage-workdir", "image": "iris-controller:1", "command": ["bash", "-c", "echo staged > /app/bundle.txt"],
+                 "volumeMounts": [{"name": "workdir", "mountPath": "/app"}]},
+                {"name": "log-shipper", "image": "iris-controller:1", "restartPolicy": "Always", "command": ["false"]},
+            ],
+            "containers": [{
+                "name": "task", "image": "iris-task:1", "workingDir": "/app",
+                "command": ["bash", "-lc"],
+                "args": ["set -e; cat bundle.txt; echo token=$TOKEN; cat /secrets/file.txt; echo; echo node=$(NODE) home=$HOME; test -d /iris/outputs"],
+                "env": [
+                    {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "job-secrets", "key": "TOKEN"}}},
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                ],
+                "volumeMounts": [
+                    {"name": "workdir", "mountPath": "/app"},
+                    {"name": "outputs", "mountPath": "/iris/outputs"},
+                    {"name": "secrets", "mountPath": "/secrets", "readOnly": true},
+                ],
+            }],
+            "volumes": [
+                {"name": "workdir", "emptyDir": {}},
+                {"name": "outputs", "emptyDir": {}},
+                {"name": "secrets", "secret": {"secretName": "job-secrets"}},
+            ],
+        }
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("created");
+    let done = wait_pod(&pods, "staged", "finished", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await;
+    let log = pods
+        .logs(
+            "staged",
+            &LogParams {
+                container: Some("task".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("log");
+    assert_eq!(phase(&done), "Succeeded", "{log}");
+    assert!(log.contains("staged\n"), "{log}");
+    assert!(log.contains("token=s3cr3t"), "{log}");
+    assert!(log.contains("hello"), "{log}");
+    assert!(log.contains("node=testkit-node-0"), "{log}");
+    let home = server.work_dir().to_string_lossy().into_owned();
+    assert!(
+        log.contains(&format!("home={home}")),
+        "HOME is in the pod's directory: {log}"
+    );
+    let inits = done
+        .status
+        .and_then(|s| s.init_container_statuses)
+        .expect("init statuses");
+    let stage = inits[0]
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .expect("stage terminated");
+    assert_eq!(stage.exit_code, 0);
+    // Two containers: the log needs a container name.
+    let multi: Pod = serde_json::from_value(json!({"metadata": {"name": "two"}, "spec": {"containers": [
+        {"name": "a", "image": "x:1", "command": ["true"]}, {"name": "b", "image": "x:1", "command": ["true"]}]}}))
+    .expect("pod");
+    pods.create(&PostParams::default(), &multi)
+        .await
+        .expect("created");
+    wait_pod(&pods, "two", "Succeeded", |p| phase(p) == "Succeeded").await;
+    match pods.logs("two", &LogParams::default()).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 400);
+            assert!(
+                s.message.contains(
+                    "a container name must be specified for pod two, choose one of: [a b]"
+                ),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+    // A missing secret keeps the container waiting with CreateContainerConfigError.
+    let mut missing = task_pod("nosecret", "true", 0);
+    missing.spec.as_mut().expect("spec").containers[0].env =
+        Some(vec![serde_json::from_value(json!(
+            {"name": "X", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}
+        ))
+        .expect("env")]);
+    pods.create(&PostParams::default(), &missing)
+        .await
+        .expect("created");
+    wait_pod(&pods, "nosecret", "waiting on its config", |p| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c[0].state.as_ref())
+            .and_then(|s| s.waiting.as_ref())
+            .is_some_and(|w| w.reason.as_deref() == Some("CreateContainerConfigError"))
+    })
+    .await;
     server.shutdown().await;
 }
