@@ -390,12 +390,9 @@ impl KubeBackend {
             .iter()
             .filter_map(|p| p.metadata.name.clone().map(|n| (n, p.clone())))
             .collect();
-        let workloads: Vec<serde_json::Value> = core
-            .workload_store
-            .state()
-            .iter()
-            .filter_map(|w| serde_json::to_value(w.as_ref()).ok())
-            .collect();
+        // Kueue's verdict only matters for pods still waiting: the Workload cache is converted
+        // once per round, and only if some pod needs it.
+        let mut workloads: Option<Vec<serde_json::Value>> = None;
 
         // Apply pods for wanted attempts not yet applied, many at once (each is one
         // server-side apply; the API server, not this loop, should be the limit).
@@ -433,20 +430,19 @@ impl KubeBackend {
             }
         }
 
-        // Delete pods whose attempt is no longer wanted (stopped, or gone from the desired set).
+        // Delete pods whose attempt is no longer wanted (stopped, or gone from the desired set):
+        // a live pod of a stopped attempt is killed, a finished one whose attempt is settled is
+        // garbage-collected. Pods already terminating are left to finish.
         let wanted: BTreeSet<&String> = want_run.iter().collect();
+        let mut doomed: Vec<(Arc<Pod>, String)> = Vec::new();
         for p in &pods {
             let uid = attempt_uid_of(p);
             let Some(name) = p.metadata.name.clone() else {
                 continue;
             };
-            let keep = uid.as_ref().map(|u| wanted.contains(u)).unwrap_or(false);
-            if keep {
+            if uid.as_ref().map(|u| wanted.contains(u)).unwrap_or(false) {
                 continue;
             }
-            // A live pod of a stopped attempt is killed; a finished one whose attempt is settled
-            // is garbage-collected.
-            self.delete_pod(p, &name).await;
             if let Some(u) = &uid {
                 if want_stop.contains(u) {
                     report.observed.push(w::AttemptObservation {
@@ -456,7 +452,15 @@ impl KubeBackend {
                     });
                 }
             }
+            if p.metadata.deletion_timestamp.is_none() {
+                doomed.push((p.clone(), name));
+            }
         }
+        futures::stream::iter(doomed)
+            .for_each_concurrent(APPLY_CONCURRENCY, |(p, name)| async move {
+                self.delete_pod(&p, &name).await;
+            })
+            .await;
         // Stops for pods that never existed (or are already gone).
         for u in &want_stop {
             let has_pod = pods
@@ -501,9 +505,20 @@ impl KubeBackend {
                     .filter(|p| matches!(phase(p), "Succeeded" | "Failed"))
                     .map(|p| Arc::new(p.clone()))
             });
-            let wl = pod
-                .as_ref()
-                .and_then(|p| km::status::find_workload(p, &workloads));
+            let waiting = pod.as_ref().map(|p| phase(p) == "Pending").unwrap_or(false);
+            if waiting && workloads.is_none() {
+                workloads = Some(
+                    core.workload_store
+                        .state()
+                        .iter()
+                        .filter_map(|w| serde_json::to_value(w.as_ref()).ok())
+                        .collect(),
+                );
+            }
+            let wl = match (&pod, &workloads, waiting) {
+                (Some(p), Some(ws), true) => km::status::find_workload(p, ws),
+                _ => None,
+            };
             let obs = lock(&self.state).missing.scan(&name, pod.as_deref(), wl);
             let Some(obs) = obs else { continue };
             if let Some(ev) = &obs.event {
