@@ -1060,20 +1060,32 @@ async fn sync_loop(
         return;
     };
     loop {
-        if let Err(e) = sync_round(&ctl, &peer).await {
-            tracing::debug!(peer = %peer, error = %e.message, "federation sync round");
-        }
+        let wait = match sync_round(&ctl, &peer).await {
+            // Just delivered: the peer starts those jobs within moments, so look again soon
+            // instead of leaving the hub's view a whole interval behind.
+            Ok(delivered) if delivered > 0 => ctl.fed.cfg.sync_interval.min(QUICK_PULL),
+            Ok(_) => ctl.fed.cfg.sync_interval,
+            Err(e) => {
+                tracing::debug!(peer = %peer, error = %e.message, "federation sync round");
+                ctl.fed.cfg.sync_interval
+            }
+        };
         tokio::select! {
             _ = poke.notified() => {}
-            _ = tokio::time::sleep(ctl.fed.cfg.sync_interval) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = shutdown.wait_for(|v| *v) => return,
         }
     }
 }
 
-/// One round for one peer: deliver promoted jobs, re-drive cancels, then pull state.
-async fn sync_round(ctl: &Arc<Controller>, peer: &str) -> Result<(), RpcError> {
+/// The pull after a round that delivered jobs comes this soon.
+const QUICK_PULL: Duration = Duration::from_millis(200);
+
+/// One round for one peer: deliver promoted jobs, re-drive cancels, then pull state. Returns how
+/// many jobs it delivered.
+async fn sync_round(ctl: &Arc<Controller>, peer: &str) -> Result<usize, RpcError> {
     let client = ctl.peer_client(peer)?;
+    let mut delivered = 0;
     loop {
         let batch = {
             let conn = ctl.db();
@@ -1083,6 +1095,7 @@ async fn sync_round(ctl: &Arc<Controller>, peer: &str) -> Result<(), RpcError> {
             break;
         }
         let n = batch.len();
+        delivered += n;
         deliver(ctl, &client, peer, batch).await;
         if n < DELIVERY_BATCH {
             break;
@@ -1116,7 +1129,8 @@ async fn sync_round(ctl: &Arc<Controller>, peer: &str) -> Result<(), RpcError> {
             }
         }
     }
-    pull(ctl, &client, peer).await
+    pull(ctl, &client, peer).await?;
+    Ok(delivered)
 }
 
 async fn deliver(
