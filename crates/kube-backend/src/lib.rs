@@ -392,7 +392,7 @@ impl KubeBackend {
             .collect();
         // Kueue's verdict only matters for pods still waiting: the Workload cache is converted
         // once per round, and only if some pod needs it.
-        let mut workloads: Option<Vec<serde_json::Value>> = None;
+        let mut workloads: Option<WorkloadIndex> = None;
 
         // Apply pods for wanted attempts not yet applied, many at once (each is one
         // server-side apply; the API server, not this loop, should be the limit).
@@ -475,7 +475,8 @@ impl KubeBackend {
             }
         }
 
-        // Observe wanted attempts.
+        // Observe wanted attempts (log reads are collected and made concurrently afterwards).
+        let mut log_reads: Vec<(String, String, Arc<Pod>)> = Vec::new();
         for uid in &want_run {
             if let Some(m) = lock(&self.state).manifest_errors.get(uid).cloned() {
                 report.observed.push(w::AttemptObservation {
@@ -507,16 +508,10 @@ impl KubeBackend {
             });
             let waiting = pod.as_ref().map(|p| phase(p) == "Pending").unwrap_or(false);
             if waiting && workloads.is_none() {
-                workloads = Some(
-                    core.workload_store
-                        .state()
-                        .iter()
-                        .filter_map(|w| serde_json::to_value(w.as_ref()).ok())
-                        .collect(),
-                );
+                workloads = Some(WorkloadIndex::build(&core.workload_store));
             }
             let wl = match (&pod, &workloads, waiting) {
-                (Some(p), Some(ws), true) => km::status::find_workload(p, ws),
+                (Some(p), Some(ws), true) => ws.find(p),
                 _ => None,
             };
             let obs = lock(&self.state).missing.scan(&name, pod.as_deref(), wl);
@@ -553,14 +548,18 @@ impl KubeBackend {
                 ..Default::default()
             });
             if let Some(p) = &pod {
-                if let Some(l) = self.ship_logs(uid, &name, p).await {
-                    report.logs.push(l);
-                }
+                log_reads.push((uid.clone(), name.clone(), p.clone()));
             }
             if obs.state.is_terminal() {
                 lock(&self.state).missing.forget(&name);
             }
         }
+        let logs: Vec<Option<AttemptLogs>> = futures::stream::iter(log_reads)
+            .map(|(uid, name, p)| async move { self.ship_logs(&uid, &name, &p).await })
+            .buffer_unordered(APPLY_CONCURRENCY)
+            .collect()
+            .await;
+        report.logs.extend(logs.into_iter().flatten());
         // Forget what is no longer desired.
         {
             let mut st = lock(&self.state);
@@ -834,6 +833,57 @@ impl KubeBackend {
             }),
             availability,
         })
+    }
+}
+
+/// Kueue Workloads indexed by what pods are found by: the pod-group name (gangs) and the owning
+/// pod's uid, built once per round so matching is not waiting pods × workloads.
+struct WorkloadIndex {
+    all: Vec<serde_json::Value>,
+    by_key: HashMap<String, usize>,
+}
+
+impl WorkloadIndex {
+    fn build(store: &Store<DynamicObject>) -> WorkloadIndex {
+        let all: Vec<serde_json::Value> = store
+            .state()
+            .iter()
+            .filter_map(|w| serde_json::to_value(w.as_ref()).ok())
+            .collect();
+        let mut by_key = HashMap::new();
+        for (i, w) in all.iter().enumerate() {
+            if let Some(n) = w["metadata"]["name"].as_str() {
+                by_key.insert(format!("group:{n}"), i);
+            }
+            for r in w["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                if let Some(u) = r["uid"].as_str() {
+                    by_key.insert(format!("uid:{u}"), i);
+                }
+            }
+            if let Some(u) = w["metadata"]["labels"]["kueue.x-k8s.io/job-uid"].as_str() {
+                by_key.insert(format!("uid:{u}"), i);
+            }
+        }
+        WorkloadIndex { all, by_key }
+    }
+
+    /// The pod's Workload, with `find_workload`'s rules applied to the one candidate.
+    fn find(&self, pod: &Pod) -> Option<&serde_json::Value> {
+        let key = match pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(km::manifest::KUEUE_POD_GROUP_NAME))
+        {
+            Some(g) => format!("group:{g}"),
+            None => format!("uid:{}", pod.metadata.uid.as_deref()?),
+        };
+        let w = self.all.get(*self.by_key.get(&key)?)?;
+        km::status::find_workload(pod, std::slice::from_ref(w))
     }
 }
 
