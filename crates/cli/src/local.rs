@@ -482,6 +482,25 @@ fn kube_settings(
         .as_ref()
         .and_then(|p| p.get("coreweave"))
         .cloned();
+    if let Some(cw) = coreweave.as_ref().and_then(|c| c.as_mapping()) {
+        const KNOWN: [&str; 6] = [
+            "region",
+            "namespace",
+            "kubeconfig_path",
+            "kube_context",
+            "object_storage_endpoint",
+            "external_object_storage_endpoint",
+        ];
+        for k in cw.keys() {
+            let k = k.as_str().unwrap_or("?");
+            if !KNOWN.contains(&k) {
+                anyhow::bail!(
+                    "platform.coreweave.{k}: unknown key (known: {})",
+                    KNOWN.join(", ")
+                );
+            }
+        }
+    }
     let cw_str = |k: &str| {
         coreweave
             .as_ref()
