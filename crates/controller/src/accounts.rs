@@ -22,6 +22,21 @@ pub(crate) fn effective_band(band: Band, spent: i64, limit: i64) -> Band {
     }
 }
 
+/// [`effective_band`] for `user` given everyone's spend and budget limits (default limit when
+/// the user has none).
+pub(crate) fn effective_band_of(
+    band: Band,
+    user: &str,
+    spend: &std::collections::BTreeMap<String, i64>,
+    limits: &std::collections::BTreeMap<String, i64>,
+) -> Band {
+    effective_band(
+        band,
+        spend.get(user).copied().unwrap_or(0),
+        limits.get(user).copied().unwrap_or(DEFAULT_BUDGET_LIMIT),
+    )
+}
+
 /// Job states a user summary always lists (with 0 when absent).
 const SUMMARY_JOB_STATES: [JobState; 8] = [
     JobState::Pending,

@@ -79,6 +79,8 @@ pub(crate) struct Federation {
     peers: Mutex<BTreeMap<String, PeerRuntime>>,
     ledger: Mutex<fed::ReservationLedger>,
     pokes: BTreeMap<String, Arc<Notify>>,
+    /// One HTTP client per peer, kept for its connection pool (each call adds a fresh token).
+    clients: BTreeMap<String, iris_rpc::Client>,
     /// Consecutive UNAUTHENTICATED delivery answers per job.
     auth_failures: Mutex<HashMap<String, u32>>,
 }
@@ -91,7 +93,12 @@ const DELIVERY_CONCURRENCY: usize = 32;
 const AUTH_FAILURE_VERDICT: u32 = 3;
 
 impl Federation {
-    pub(crate) fn new(cfg: FederationConfig) -> Self {
+    pub(crate) fn new(cfg: FederationConfig) -> Result<Self, RpcError> {
+        let clients = cfg
+            .peers
+            .iter()
+            .map(|p| Ok((p.id.clone(), iris_rpc::Client::new(&p.address)?)))
+            .collect::<Result<_, RpcError>>()?;
         let pokes = cfg
             .peers
             .iter()
@@ -102,13 +109,14 @@ impl Federation {
             .iter()
             .map(|p| (p.id.clone(), PeerRuntime::default()))
             .collect();
-        Federation {
+        Ok(Federation {
             cfg,
             peers: Mutex::new(peers),
             ledger: Mutex::new(fed::ReservationLedger::new()),
             pokes,
+            clients,
             auth_failures: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -478,11 +486,7 @@ impl Controller {
         if !self.fed.enabled() {
             return None;
         }
-        let key = source
-            .split(':')
-            .next()
-            .unwrap_or(source)
-            .trim_end_matches('/');
+        let key = log_job_key(source);
         if key.is_empty() {
             return None;
         }
@@ -521,21 +525,16 @@ impl Controller {
     }
 
     fn peer_client(&self, peer: &str) -> Result<iris_rpc::Client, RpcError> {
-        let p = self
-            .fed
-            .cfg
-            .peers
-            .iter()
-            .find(|p| p.id == peer)
-            .ok_or_else(|| {
-                RpcError::new(Code::Unavailable, format!("peer {peer} is not configured"))
-            })?;
+        let client = self.fed.clients.get(peer).ok_or_else(|| {
+            RpcError::new(Code::Unavailable, format!("peer {peer} is not configured"))
+        })?;
         let token = self
             .cfg
             .auth
             .as_ref()
             .and_then(crate::auth::federation_token);
-        Ok(iris_rpc::Client::new(&p.address)?.with_token(token))
+        // A clone shares the pool; the token is minted fresh for this call.
+        Ok(client.clone().with_token(token))
     }
 
     // ---- RPCs ----
@@ -817,6 +816,15 @@ impl Controller {
     }
 }
 
+/// The job a log source names: `/u/j/0:1` or the prefix `/u/j/` → `/u/j/0` or `/u/j`.
+pub(crate) fn log_job_key(source: &str) -> &str {
+    source
+        .split(':')
+        .next()
+        .unwrap_or(source)
+        .trim_end_matches('/')
+}
+
 fn ms(t: &Option<iris_proto::time::Timestamp>) -> Option<i64> {
     t.as_ref().map(|t| t.epoch_ms).filter(|m| *m > 0)
 }
@@ -911,14 +919,11 @@ pub(crate) fn tick_pass(ctl: &Controller) -> Result<(), RpcError> {
             continue;
         };
         let shape = shape_of(&req);
-        let band = Band::from_code(q.band).unwrap_or(Band::Interactive);
-        let band = crate::accounts::effective_band(
-            band,
-            spend.get(&q.user_id).copied().unwrap_or(0),
-            limits
-                .get(&q.user_id)
-                .copied()
-                .unwrap_or(crate::accounts::DEFAULT_BUDGET_LIMIT),
+        let band = crate::accounts::effective_band_of(
+            Band::from_code(q.band).unwrap_or(Band::Interactive),
+            &q.user_id,
+            &spend,
+            &limits,
         );
         let pinned = (!q.pinned_peer.is_empty()).then(|| q.pinned_peer.clone());
         if let Some(p) = pinned.as_ref().filter(|p| refused.contains(*p)) {

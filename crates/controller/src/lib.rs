@@ -169,7 +169,8 @@ impl Controller {
         let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
         let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
-        let fed = federation::Federation::new(cfg.federation.clone());
+        let fed = federation::Federation::new(cfg.federation.clone())
+            .map_err(|e| anyhow::anyhow!("federation peers: {}", e.message))?;
         if cfg.auth.is_some() {
             tracing::info!("auth enabled");
         }

@@ -1338,12 +1338,7 @@ impl Controller {
         let min_level = iris_store::logs::parse_level(&req.min_level).map_err(RpcError::invalid)?;
         let caller = crate::auth::caller();
         if caller.role == iris_auth::Role::FederationPeer {
-            let key = req
-                .source
-                .split(':')
-                .next()
-                .unwrap_or("")
-                .trim_end_matches('/');
+            let key = crate::federation::log_job_key(&req.source);
             self.check_received_from(key, &caller.user_id)?;
         } else if let Some(peer) = self.log_peer(&req.source) {
             return self.fetch_logs_from_peer(&peer, &req).await;

@@ -227,13 +227,8 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
                 task,
                 job,
                 user: spec.user.clone(),
-                band: to_sched_band(crate::accounts::effective_band(
-                    spec.band,
-                    spend.get(&spec.user).copied().unwrap_or(0),
-                    limits
-                        .get(&spec.user)
-                        .copied()
-                        .unwrap_or(crate::accounts::DEFAULT_BUDGET_LIMIT),
+                band: to_sched_band(crate::accounts::effective_band_of(
+                    spec.band, &spec.user, &spend, &limits,
                 )),
                 resources: spec.resources.clone(),
                 constraints: spec.constraints.clone(),
