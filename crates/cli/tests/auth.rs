@@ -66,31 +66,6 @@ fn serve_conn(client: TcpStream, upstream: &str) -> std::io::Result<()> {
     client.flush()
 }
 
-fn http_get(url: &str, path: &str) -> (u16, String) {
-    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = TcpStream::connect(hostport).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        resp.split_once("\r\n\r\n")
-            .map(|x| x.1.to_string())
-            .unwrap_or_default(),
-    )
-}
-
 /// Kills the worker process on drop.
 struct WorkerProc(std::process::Child);
 
@@ -122,19 +97,7 @@ impl Env {
 
     fn start_with_args(extra_auth: &str, args: &[&str]) -> Env {
         let home = tempfile::tempdir().expect("home");
-        let key_path = home.path().join("signing.pem");
-        let out = Command::new(env!("CARGO_BIN_EXE_iris"))
-            .args(["cluster", "init-keys", "--out-file"])
-            .arg(&key_path)
-            .output()
-            .expect("init-keys");
-        assert!(
-            out.status.success(),
-            "init-keys: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(stdout.contains("kid: "), "{stdout}");
+        let (key_path, _) = common::init_keys(home.path(), "signing");
         let key = iris_auth::Keypair::from_pem(&std::fs::read_to_string(&key_path).expect("key"))
             .expect("load key");
         let yaml = format!(
@@ -191,7 +154,7 @@ impl Env {
 fn enforcing_controller_behind_a_proxy() {
     let env = Env::start("");
     // Jwks is served.
-    let (status, body) = http_get(&env.cluster.url, "/.well-known/jwks.json");
+    let (status, _, body) = common::http_get(&env.cluster.url, "/.well-known/jwks.json", None);
     assert_eq!(status, 200);
     assert!(body.contains(env.key.kid()), "{body}");
 
@@ -586,45 +549,13 @@ fn a_task_submits_its_child_with_the_token_the_controller_minted() {
     assert_eq!(attempts[0]["n"], 1, "{attempts:?}");
 }
 
-/// A raw GET with an optional cookie: (status, response head, body).
-fn http_get_cookie(url: &str, path: &str, cookie: Option<&str>) -> (u16, String, String) {
-    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = TcpStream::connect(hostport).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let cookie = cookie
-        .map(|c| format!("Cookie: {c}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\n{cookie}Connection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_string(), body.to_string())
-}
-
 /// Issue 8 under auth: the dashboard acts as the browser's user, logs in from a one-time
 /// `?session_token=` URL (the token then lives only in an HttpOnly cookie), shows the
 /// `dashboard` role read-only pages and keeps Query for admins.
 #[test]
 fn dashboard_login_and_roles() {
     let env = Env::start_with_args("", &["--dashboard-bind", "127.0.0.1:0"]);
-    let log = env.cluster.path("controller.log");
-    let dash = common::wait_for(common::STARTUP, "the dashboard address", || {
-        std::fs::read_to_string(&log).ok().and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Dashboard: "))
-                .map(|u| u.trim().trim_end_matches('/').to_string())
-        })
-    });
+    let dash = env.cluster.dashboard_url();
     let admin = env.user("root", "admin");
     let (ok, out, err) = env.iris(
         Some(&admin),
@@ -641,12 +572,12 @@ fn dashboard_login_and_roles() {
     assert!(ok, "{out}{err}");
 
     // No session: the dashboard's own loopback connection does not make the browser an admin.
-    let (status, _, body) = http_get_cookie(&dash, "/jobs", None);
+    let (status, _, body) = common::http_get(&dash, "/jobs", None);
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("session_token"), "{body}");
 
     // The login URL sets an HttpOnly cookie and redirects to a URL without the token.
-    let (status, head, _) = http_get_cookie(
+    let (status, head, _) = common::http_get(
         &dash,
         &format!("/jobs?state=all&session_token={admin}"),
         None,
@@ -670,19 +601,19 @@ fn dashboard_login_and_roles() {
     assert!(head.contains("HttpOnly"), "{head}");
 
     let admin_cookie = format!("iris_session={admin}");
-    let (status, _, body) = http_get_cookie(&dash, "/jobs", Some(&admin_cookie));
+    let (status, _, body) = common::http_get(&dash, "/jobs", Some(&admin_cookie));
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("/root/seen"), "admin sees the job");
     assert!(!body.contains(&admin), "the token never appears in a page");
-    let (status, _, body) = http_get_cookie(&dash, "/query?sql=SELECT+1", Some(&admin_cookie));
+    let (status, _, body) = common::http_get(&dash, "/query?sql=SELECT+1", Some(&admin_cookie));
     assert_eq!(status, 200, "{body}");
 
     // The dashboard role reads pages but not Query.
     let viewer = format!("iris_session={}", env.user("viewer", "user"));
-    let (status, _, body) = http_get_cookie(&dash, "/jobs", Some(&viewer));
+    let (status, _, body) = common::http_get(&dash, "/jobs", Some(&viewer));
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("/root/seen"), "{body}");
-    let (status, _, body) = http_get_cookie(&dash, "/query", Some(&viewer));
+    let (status, _, body) = common::http_get(&dash, "/query", Some(&viewer));
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("admin role"), "{body}");
     // A forged session is refused, not downgraded.
@@ -697,7 +628,7 @@ fn dashboard_login_and_roles() {
             BTreeMap::new(),
         )
         .expect("mint");
-    let (status, _, _) = http_get_cookie(&dash, "/jobs", Some(&format!("iris_session={forged}")));
+    let (status, _, _) = common::http_get(&dash, "/jobs", Some(&format!("iris_session={forged}")));
     assert_eq!(status, 401);
 }
 

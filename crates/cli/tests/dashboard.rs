@@ -136,19 +136,6 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-fn dashboard_url(tc: &TestCluster) -> String {
-    common::wait_for(
-        STARTUP,
-        "the controller to print the dashboard address",
-        || {
-            let log = std::fs::read_to_string(tc.path("controller.log")).ok()?;
-            log.lines()
-                .find_map(|l| l.strip_prefix("Dashboard: "))
-                .map(|u| u.trim().trim_end_matches('/').to_string())
-        },
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_in_a_real_browser() {
     if std::env::var_os("IRIS_SKIP_BROWSER_TESTS").is_some() {
@@ -167,7 +154,7 @@ async fn dashboard_in_a_real_browser() {
             &["--dashboard-bind", "127.0.0.1:0"],
         )
     });
-    let base = dashboard_url(&tc);
+    let base = tc.dashboard_url();
     assert!(base.starts_with("http://127.0.0.1:"), "{base}");
 
     // Jobs through the CLI: one succeeds, one fails, one prints 5,000 lines, one keeps running.

@@ -4,31 +4,12 @@
 
 mod common;
 
-use common::{wait_for, wait_until, TestCluster, WorkerSpec};
+use common::{http_get, init_keys, wait_for, wait_until, TestCluster, WorkerSpec};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(90);
-
-/// `iris cluster init-keys --out-file dir/name.pem`: (path, public PEM).
-fn init_keys(dir: &Path, name: &str) -> (PathBuf, String) {
-    let path = dir.join(format!("{name}.pem"));
-    let out = Command::new(common::IRIS)
-        .args(["cluster", "init-keys", "--out-file"])
-        .arg(&path)
-        .output()
-        .expect("init-keys");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let key = iris_auth::Keypair::from_pem(&std::fs::read_to_string(&path).expect("key"))
-        .expect("key parses");
-    (path, key.public_pem().expect("public pem"))
-}
 
 fn indent(pem: &str, n: usize) -> String {
     pem.lines()
@@ -120,22 +101,6 @@ fn wait_state(c: &TestCluster, job: &str, state: &str) -> Value {
         let v = c.summary(job);
         (v["state"] == state).then_some(v)
     })
-}
-
-fn http_get(url: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let hostport = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(hostport).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    resp
 }
 
 #[test]
@@ -427,15 +392,8 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
     });
 
     // The dashboard's Peers page shows the same picture.
-    let log = hub.path("controller.log");
-    let dash = wait_for(LONG, "the hub dashboard address", || {
-        std::fs::read_to_string(&log).ok().and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Dashboard: "))
-                .map(|u| u.trim().trim_end_matches('/').to_string())
-        })
-    });
-    let page = http_get(&dash, "/peers");
+    let dash = hub.dashboard_url();
+    let (_, _, page) = http_get(&dash, "/peers", None);
     assert!(
         page.contains("cw-a") && page.contains("reachable"),
         "{page}"

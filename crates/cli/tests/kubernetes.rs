@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{wait_for, wait_until, TestCluster};
+use common::{http_get, wait_for, wait_until, TestCluster};
 use iris_kube_testkit::{NodeSpec, ServerOptions, TestApiServer};
 use serde_json::Value;
 use std::time::Duration;
@@ -125,22 +125,6 @@ impl Env {
     }
 }
 
-fn http_get(url: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let hostport = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(hostport).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    resp
-}
-
 #[test]
 fn pods_kueue_and_lifecycle() {
     let env = start();
@@ -184,20 +168,13 @@ fn pods_kueue_and_lifecycle() {
     assert_eq!(h100["detail"]["kubernetes"]["totalNodes"], 3, "{v}");
     // The dashboard's Backends page shows the Kubernetes backends and nodes, and the Workers
     // page leaves the pseudo workers out.
-    let log = c.path("controller.log");
-    let dash = wait_for(LONG, "the dashboard address", || {
-        std::fs::read_to_string(&log).ok().and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Dashboard: "))
-                .map(|u| u.trim().trim_end_matches('/').to_string())
-        })
-    });
-    let page = http_get(&dash, "/backends");
+    let dash = c.dashboard_url();
+    let (_, _, page) = http_get(&dash, "/backends", None);
     assert!(
         page.contains("Kubernetes") && page.contains("gpu-1") && page.contains("k8s-h100"),
         "{page}"
     );
-    let page = http_get(&dash, "/workers");
+    let (_, _, page) = http_get(&dash, "/workers", None);
     assert!(!page.contains("k8s-h100"), "{page}");
 
     // A BATCH gang takes the whole quota; a second BATCH gang is held by Kueue and says so.
@@ -338,13 +315,7 @@ fn pods_kueue_and_lifecycle() {
 
     // A federation hub routes an H100 job to this Kubernetes cluster by what its backend reports.
     let keys = tempfile::tempdir().expect("keys");
-    let key = keys.path().join("hub.pem");
-    let out = std::process::Command::new(common::IRIS)
-        .args(["cluster", "init-keys", "--out-file"])
-        .arg(&key)
-        .output()
-        .expect("init-keys");
-    assert!(out.status.success());
+    let (key, _) = common::init_keys(keys.path(), "hub");
     let hub = TestCluster::start_with_args(
         &[common::WorkerSpec::cpu(4)],
         Some(&format!(

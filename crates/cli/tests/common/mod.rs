@@ -432,6 +432,20 @@ impl TestCluster {
         c
     }
 
+    /// The dashboard address the controller printed (`serve --dashboard-bind`).
+    pub fn dashboard_url(&self) -> String {
+        wait_for(
+            STARTUP,
+            "the controller to print the dashboard address",
+            || {
+                let log = std::fs::read_to_string(self.path("controller.log")).ok()?;
+                log.lines()
+                    .find_map(|l| l.strip_prefix("Dashboard: "))
+                    .map(|u| u.trim().trim_end_matches('/').to_string())
+            },
+        )
+    }
+
     /// A path inside the cluster's temp dir (for pid files and the like).
     pub fn path(&self, name: &str) -> PathBuf {
         self.root.path().join(name)
@@ -616,6 +630,52 @@ pub fn read_pids(p: &Path) -> Vec<u32> {
 
 /// A raw HTTP/1.1 JSON POST to the controller (to observe status codes the CLI hides).
 /// Returns the status code and the body.
+/// A raw HTTP/1.1 GET with an optional cookie: (status, response head, body).
+pub fn http_get(url: &str, path: &str, cookie: Option<&str>) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let hostport = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(hostport).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    let cookie = cookie
+        .map(|c| format!("Cookie: {c}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {hostport}\r\n{cookie}Connection: close\r\n\r\n"
+    )
+    .expect("send request");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read response");
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), body.to_string())
+}
+
+/// `iris cluster init-keys --out-file dir/name.pem`: (path, public PEM).
+pub fn init_keys(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(format!("{name}.pem"));
+    let out = Command::new(IRIS)
+        .args(["cluster", "init-keys", "--out-file"])
+        .arg(&path)
+        .output()
+        .expect("init-keys");
+    assert!(
+        out.status.success(),
+        "init-keys: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("kid: "), "{stdout}");
+    let key = iris_auth::Keypair::from_pem(&std::fs::read_to_string(&path).expect("key"))
+        .expect("key parses");
+    (path, key.public_pem().expect("public pem"))
+}
+
 pub fn http_post_json(url: &str, path: &str, body: &str) -> (u16, String) {
     http_post_json_with(url, path, body, &[])
 }
