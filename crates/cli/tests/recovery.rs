@@ -659,13 +659,7 @@ fn periodic_checkpoints_are_pruned_by_age() {
 fn serve_refuses_a_db_written_by_a_newer_iris() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("controller.sqlite3");
-    let conn = iris_store::open(&db).expect("create DB");
-    conn.execute(
-        "INSERT INTO schema_migrations(name, applied_at_ms) VALUES ('9999_from_the_future', 0)",
-        [],
-    )
-    .expect("insert");
-    drop(conn);
+    iris_store::testing::record_migration(&db, "9999_from_the_future").expect("create DB");
     let started = Instant::now();
     let o = std::process::Command::new(IRIS)
         .args(["cluster", "controller", "serve", "--state-dir"])

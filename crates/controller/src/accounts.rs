@@ -1,9 +1,10 @@
 //! Users and the scheduler's view of them: `ListUsers`, `GetSchedulerState`, and the budget rule
 //! that downgrades an over-budget user's work to BATCH (§4.7).
 
-use crate::{views, Controller};
+use crate::error::Result;
+use crate::Controller;
 use iris_proto::cluster::controller as c;
-use iris_rpc::RpcError;
+use iris_store::budgets::{self, UserCounts};
 use iris_types::{Band, JobState, TaskState};
 use std::collections::BTreeMap;
 
@@ -85,13 +86,10 @@ impl Controller {
     pub(crate) async fn list_users(
         &self,
         _req: c::ListUsersRequest,
-    ) -> Result<c::ListUsersResponse, RpcError> {
-        let mut counts = {
-            let conn = self.db();
-            views::user_counts(&conn)?
-        };
-        let active = |u: &views::UserCounts| u.jobs.values().sum::<i32>();
-        let running = |u: &views::UserCounts| {
+    ) -> Result<c::ListUsersResponse> {
+        let mut counts = budgets::user_counts(&*self.db())?;
+        let active = |u: &UserCounts| u.jobs.values().sum::<i32>();
+        let running = |u: &UserCounts| {
             u.tasks
                 .get(&TaskState::Running.code())
                 .copied()
@@ -131,38 +129,43 @@ impl Controller {
     pub(crate) async fn get_scheduler_state(
         &self,
         _req: c::GetSchedulerStateRequest,
-    ) -> Result<c::GetSchedulerStateResponse, RpcError> {
+    ) -> Result<c::GetSchedulerStateResponse> {
         let (budgets, spend, pending, running) = {
             let conn = self.db();
             (
-                views::user_budgets(&conn)?,
-                views::spend_by_user(&conn)?,
-                views::pending_tasks(&conn)?,
-                views::running_tasks(&conn)?,
+                budgets::all(&*conn)?,
+                budgets::spend_by_user(&*conn)?,
+                budgets::pending_tasks(&*conn)?,
+                budgets::running_tasks(&*conn)?,
             )
         };
-        let limits: BTreeMap<&str, i64> =
-            budgets.iter().map(|(u, l, _)| (u.as_str(), *l)).collect();
+        let limits: BTreeMap<&str, i64> = budgets
+            .iter()
+            .map(|b| (b.user_id.as_str(), b.limit))
+            .collect();
         let limit_of = |u: &str| limits.get(u).copied().unwrap_or(DEFAULT_BUDGET_LIMIT);
         let spent_of = |u: &str| spend.get(u).copied().unwrap_or(0);
         let band_of = |code: i32| Band::from_code(code).unwrap_or(Band::Interactive);
 
         let mut pending_buckets: BTreeMap<(i32, String, String, String), i32> = BTreeMap::new();
-        for (user, job, band, backend) in pending {
-            let eff = effective_band(band_of(band), spent_of(&user), limit_of(&user));
+        for t in pending {
+            let eff = effective_band(band_of(t.band), spent_of(&t.user), limit_of(&t.user));
             *pending_buckets
-                .entry((eff.code(), user, job, backend))
+                .entry((eff.code(), t.user, t.job_id, t.backend_id))
                 .or_default() += 1;
         }
         let mut running_buckets: BTreeMap<(i32, String, String, String, String), i32> =
             BTreeMap::new();
-        for (user, job, band, worker, backend) in running {
+        for t in running {
             *running_buckets
-                .entry((band, user, worker, job, backend))
+                .entry((t.band, t.user, t.worker_id, t.job_id, t.backend_id))
                 .or_default() += 1;
         }
 
-        let mut rows: Vec<(String, i64, i32)> = budgets.clone();
+        let mut rows: Vec<(String, i64, i32)> = budgets
+            .iter()
+            .map(|b| (b.user_id.clone(), b.limit, b.max_band))
+            .collect();
         rows.extend(
             spend
                 .keys()
@@ -221,16 +224,11 @@ impl Controller {
 }
 
 /// Every user's budget limit.
-pub(crate) fn limits(
-    conn: &iris_store::rusqlite::Connection,
-) -> Result<std::collections::BTreeMap<String, i64>, iris_rpc::RpcError> {
-    let mut st = conn
-        .prepare_cached("SELECT user_id, budget_limit FROM user_budgets")
-        .map_err(crate::internal)?;
-    let rows = st
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(crate::internal)?;
-    rows.collect::<Result<_, _>>().map_err(crate::internal)
+pub(crate) fn limits(conn: &impl iris_store::Read) -> Result<BTreeMap<String, i64>> {
+    Ok(budgets::all(conn)?
+        .into_iter()
+        .map(|b| (b.user_id, b.limit))
+        .collect())
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! The controller crate knows nothing about Kubernetes: the implementation lives in its own
 //! crate and is handed in with [`Controller::add_backend`].
 
-use crate::{internal, lock, Controller};
+use crate::{lock, Controller};
 use futures::future::BoxFuture;
 use iris_proto::cluster::controller as c;
 use iris_proto::cluster::worker as w;
@@ -62,27 +62,28 @@ pub(crate) fn address_of(id: &str) -> String {
     format!("inproc://{id}")
 }
 
+/// Whether a worker address is a backend's pseudo worker (pooled: Kueue places its work).
+pub(crate) fn is_inproc_address(address: &str) -> bool {
+    address.starts_with("inproc://")
+}
+
 impl Controller {
     /// Registers an in-process backend and starts reconciling it.
     pub async fn add_backend(&self, b: Arc<dyn Backend>) -> Result<(), RpcError> {
         let id = b.worker_id();
         lock(&self.backends).insert(id.clone(), b.clone());
-        self.register_backend(&b).await?;
+        self.register_backend(&b).await.map_err(|e| e.to_wire())?;
         crate::reconcile::ensure_reconciler(self, &id);
         self.wake();
         Ok(())
     }
 
-    pub(crate) async fn register_backend(&self, b: &Arc<dyn Backend>) -> Result<(), RpcError> {
+    pub(crate) async fn register_backend(&self, b: &Arc<dyn Backend>) -> crate::error::Result<()> {
         let mut req = b.registration().await?;
         req.worker_id = b.worker_id();
         req.address = address_of(&req.worker_id);
         let md = req.metadata.clone().unwrap_or_default();
-        let mut conn = self.db();
-        let tx = conn.transaction().map_err(internal)?;
-        crate::reconcile::upsert_worker(&tx, &req, &md).map_err(internal)?;
-        tx.commit().map_err(internal)?;
-        Ok(())
+        crate::reconcile::upsert_worker(self, &req, &md)
     }
 
     pub(crate) fn backend(&self, worker_id: &str) -> Option<Arc<dyn Backend>> {

@@ -11,12 +11,10 @@
 //! the newest checkpoint (or the one named by `restore_checkpoint`) is restored. A restored DB
 //! must pass `PRAGMA quick_check` before it replaces anything.
 
-use crate::{internal, ControllerConfig};
+use crate::ControllerConfig;
 use anyhow::{bail, Context};
 use futures::TryStreamExt;
 use iris_proto::cluster::controller as c;
-use iris_rpc::RpcError;
-use iris_store::rusqlite::{params, Connection, OpenFlags};
 use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
@@ -33,7 +31,7 @@ pub const DB_OBJECT_RAW: &str = "controller.sqlite3";
 /// The rollout record, at the root of the remote state dir.
 pub const ROLLOUT_RECORD: &str = "rollout-record.json";
 /// `meta` key stamped after a checkpoint is stored (and after a restore).
-pub const META_KEY: &str = "last_checkpoint_epoch_ms";
+pub use iris_store::checkpoint::META_KEY;
 /// Default age after which checkpoint directories are pruned.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3 * 24 * 3600);
 
@@ -251,24 +249,12 @@ pub fn parse_checkpoint_name(name: &str) -> anyhow::Result<i64> {
 /// Takes a consistent copy of the DB at `db_path` into memory, ready for upload, with row counts.
 fn snapshot_db(db_path: &Path, tmp: &Path) -> anyhow::Result<(Vec<u8>, [i32; 3])> {
     let _ = std::fs::remove_file(tmp);
-    {
-        let conn = Connection::open_with_flags(
-            db_path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    let counts = iris_store::checkpoint::copy_to(db_path, tmp).with_context(|| {
+        format!(
+            "copying {} for a checkpoint (VACUUM INTO)",
+            db_path.display()
         )
-        .with_context(|| format!("opening {} for a checkpoint", db_path.display()))?;
-        conn.busy_timeout(Duration::from_secs(30))?;
-        conn.execute("VACUUM INTO ?1", [tmp.to_string_lossy()])
-            .context("copying the DB (VACUUM INTO)")?;
-    }
-    let counts = {
-        let conn = Connection::open(tmp)?;
-        conn.pragma_update(None, "journal_mode", "DELETE")?;
-        let n = |t: &str| -> anyhow::Result<i32> {
-            Ok(conn.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0))?)
-        };
-        [n("jobs")?, n("tasks")?, n("workers")?]
-    };
+    })?;
     let raw = std::fs::read(tmp)?;
     let _ = std::fs::remove_file(tmp);
     let zst = zstd::encode_all(raw.as_slice(), 3).context("compressing the checkpoint")?;
@@ -344,20 +330,9 @@ fn install(state_dir: &Path, bytes: &[u8], epoch_ms: i64, location: &str) -> any
     let tmp = state_dir.join("controller.sqlite3.restoring");
     let _ = std::fs::remove_file(&tmp);
     std::fs::write(&tmp, bytes)?;
-    {
-        let conn = Connection::open(&tmp)?;
-        let check: String = conn
-            .query_row("PRAGMA quick_check", [], |r| r.get(0))
-            .with_context(|| format!("checkpoint {location} is not a valid SQLite DB"))?;
-        if check != "ok" {
-            let _ = std::fs::remove_file(&tmp);
-            bail!("checkpoint {location} failed PRAGMA quick_check: {check}");
-        }
-        conn.execute(
-            "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            params![META_KEY, epoch_ms],
-        )
-        .with_context(|| format!("checkpoint {location} has no meta table"))?;
+    if let Err(e) = iris_store::checkpoint::validate_and_stamp(&tmp, epoch_ms) {
+        let _ = std::fs::remove_file(&tmp);
+        bail!("checkpoint {location} {e}");
     }
     let db = state_dir.join("controller.sqlite3");
     for suffix in ["-wal", "-shm", "-journal"] {
@@ -437,7 +412,7 @@ impl crate::Controller {
     pub(crate) async fn begin_checkpoint(
         &self,
         _req: c::BeginCheckpointRequest,
-    ) -> Result<c::BeginCheckpointResponse, RpcError> {
+    ) -> crate::error::Result<c::BeginCheckpointResponse> {
         let (epoch_ms, counts) = self.checkpoint_now().await?;
         let location = self
             .remote
@@ -454,22 +429,20 @@ impl crate::Controller {
     }
 
     /// Takes one checkpoint (one at a time).
-    pub(crate) async fn checkpoint_now(&self) -> Result<(i64, [i32; 3]), RpcError> {
+    pub(crate) async fn checkpoint_now(&self) -> crate::error::Result<(i64, [i32; 3])> {
         let Some(remote) = &self.remote else {
-            return Err(RpcError::precondition(
+            return Err(crate::Error::precondition(
                 "this controller has no remote state dir; start it with --remote-state-dir DIR (or storage.remote_state_dir in the cluster config)",
             ));
         };
         let _one = self.checkpoint_lock.lock().await;
         let (epoch_ms, counts) = take(&self.cfg.state_dir, remote, self.cfg.checkpoint_max_age)
             .await
-            .map_err(|e| internal(format!("{e:#}")))?;
-        let conn = self.db();
-        conn.execute(
-            "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            params![META_KEY, epoch_ms],
-        )
-        .map_err(internal)?;
+            .map_err(|e| crate::Error::internal(format!("{e:#}")))?;
+        let mut conn = self.db();
+        let tx = conn.begin()?;
+        iris_store::checkpoint::record_taken(&tx, epoch_ms)?;
+        tx.commit()?;
         Ok((epoch_ms, counts))
     }
 }
@@ -487,7 +460,7 @@ pub(crate) async fn periodic(
         }
         match ctl.checkpoint_now().await {
             Ok((ms, _)) => tracing::info!(checkpoint = ms, "periodic checkpoint written"),
-            Err(e) => tracing::error!(error = %e.message, "periodic checkpoint failed"),
+            Err(e) => tracing::error!(error = %e, "periodic checkpoint failed"),
         }
     }
 }
@@ -524,9 +497,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().join("state");
         std::fs::create_dir_all(&state).expect("state");
-        let db = iris_store::open(&state.join("controller.sqlite3")).expect("db");
-        db.execute("INSERT INTO meta(key, value) VALUES ('x', 7)", [])
-            .expect("insert");
+        let mut db = iris_store::Db::open(&state.join("controller.sqlite3")).expect("db");
+        let mark = |db: &mut iris_store::Db, limit: i64| {
+            let tx = db.begin().expect("tx");
+            let b = iris_store::budgets::Budget {
+                user_id: "x".into(),
+                limit,
+                max_band: 2,
+            };
+            iris_store::budgets::set(&tx, &b, 0).expect("mark");
+            tx.commit().expect("commit");
+        };
+        mark(&mut db, 7);
         let url = format!("file://{}", dir.path().join("remote").display());
         let remote = RemoteStore::parse(&url).expect("remote");
         let (ms, counts) = take(&state, &remote, DEFAULT_MAX_AGE).await.expect("take");
@@ -535,15 +517,12 @@ mod tests {
             .path()
             .join(format!("remote/{STATE_DIR}/{ms}/{DB_OBJECT}"))
             .exists());
-        db.execute("UPDATE meta SET value = 8 WHERE key = 'x'", [])
-            .expect("update");
+        mark(&mut db, 8);
         drop(db);
         restore(&state, &remote, ms).await.expect("restore");
-        let db = iris_store::open(&state.join("controller.sqlite3")).expect("reopen");
-        let x: i64 = db
-            .query_row("SELECT value FROM meta WHERE key = 'x'", [], |r| r.get(0))
-            .expect("x");
-        assert_eq!(x, 7, "the checkpointed value");
+        let db = iris_store::Db::open(&state.join("controller.sqlite3")).expect("reopen");
+        let x = iris_store::budgets::get(&db, "x").expect("x").expect("row");
+        assert_eq!(x.limit, 7, "the checkpointed value");
         assert_eq!(iris_store::meta_get(&db, META_KEY).expect("meta"), Some(ms));
         drop(db);
         // A second checkpoint with max age 0 prunes the first.

@@ -6,87 +6,34 @@
 //! workers only learn intent from the committed desired set (see `reconcile`).
 
 mod accounts;
+mod admission;
 pub mod auth;
 pub mod backend;
 pub mod checkpoint;
+mod config;
+mod error;
 pub mod federation;
 mod highlights;
 mod limits;
 mod reconcile;
-mod service;
+mod rpc;
 pub mod spec;
 mod tick;
 mod views;
 
+pub use config::{ControllerConfig, GroupCapacity};
+pub use error::Error;
+
 use anyhow::Context;
-use iris_rpc::RpcError;
-use iris_store::rusqlite::Connection;
+use error::Result;
+use iris_store::logs::LogDb;
+use iris_store::query::ReadOnlyDb;
+use iris_store::Db;
 use spec::JobSpec;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 use tokio::sync::Notify;
-
-/// Capacity a scale group can provide, used for the submit-time feasibility check.
-#[derive(Clone, Debug)]
-pub struct GroupCapacity {
-    pub name: String,
-    pub worker: iris_scheduler::Worker,
-    pub max_workers: u32,
-}
-
-/// Controller settings.
-#[derive(Clone, Debug)]
-pub struct ControllerConfig {
-    pub state_dir: PathBuf,
-    pub bind: SocketAddr,
-    /// The controller's revision date (`YYYY-MM-DD`) for the client freshness gate.
-    pub revision_date: Option<String>,
-    /// A worker is failed after this long without a successful reconcile (and ≥3 failures).
-    pub worker_grace: Duration,
-    pub reconcile_interval: Duration,
-    /// Declared scale groups: a job no group and no worker could ever host is refused at submit.
-    pub groups: Vec<GroupCapacity>,
-    /// Query limits for `ExecuteRawQuery`.
-    pub query_time_limit: Duration,
-    pub query_max_rows: usize,
-    /// Where checkpoints and the rollout record live: a local path or a `file://`, `s3://` or
-    /// `gs://` URL. `None`: no checkpoints.
-    pub remote_state_dir: Option<String>,
-    /// Take a checkpoint this often (`None`: only on `BeginCheckpoint`).
-    pub checkpoint_interval: Option<Duration>,
-    /// Checkpoint directories older than this are pruned after each checkpoint.
-    pub checkpoint_max_age: Duration,
-    /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
-    pub restore_checkpoint: Option<String>,
-    /// `auth.*`; `None`: null-auth, every caller is the anonymous admin.
-    pub auth: Option<auth::AuthConfig>,
-    /// This cluster's name and its federation peers (none: no federation).
-    pub federation: federation::FederationConfig,
-}
-
-impl ControllerConfig {
-    pub fn local(state_dir: PathBuf) -> Self {
-        ControllerConfig {
-            state_dir,
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            revision_date: None,
-            auth: None,
-            worker_grace: Duration::from_secs(10),
-            reconcile_interval: Duration::from_secs(1),
-            groups: Vec::new(),
-            query_time_limit: Duration::from_secs(10),
-            query_max_rows: 10_000,
-            remote_state_dir: None,
-            checkpoint_interval: None,
-            checkpoint_max_age: checkpoint::DEFAULT_MAX_AGE,
-            restore_checkpoint: None,
-            federation: federation::FederationConfig::default(),
-        }
-    }
-}
 
 /// A validated submission waiting for group commit.
 pub(crate) struct Admission {
@@ -99,9 +46,8 @@ pub(crate) struct Admission {
     /// Who submitted: a verified user id, `local_admin` for the anonymous admin, or the
     /// `submitting_user` a federation parent asserted.
     pub submitting_user: String,
-    pub reply: tokio::sync::oneshot::Sender<
-        Result<iris_proto::cluster::controller::LaunchJobResponse, RpcError>,
-    >,
+    pub reply:
+        tokio::sync::oneshot::Sender<Result<iris_proto::cluster::controller::LaunchJobResponse>>,
 }
 
 /// Per-worker handle held by the controller.
@@ -113,9 +59,9 @@ struct WorkerLink {
 /// Shared controller state.
 pub struct Controller {
     cfg: ControllerConfig,
-    db: Mutex<Connection>,
-    logs: Mutex<Connection>,
-    readonly: Mutex<Connection>,
+    db: Mutex<Db>,
+    logs: Mutex<LogDb>,
+    readonly: Mutex<ReadOnlyDb>,
     verifier: Option<iris_auth::Verifier>,
     /// Verifies federation parents' tokens (`auth.federation_peers`).
     fed_verifier: Option<iris_auth::Verifier>,
@@ -123,7 +69,7 @@ pub struct Controller {
     /// In-process backends (Kubernetes) by pseudo worker id.
     backends: Mutex<HashMap<String, Arc<dyn backend::Backend>>>,
     /// The tick's snapshot reader (WAL: reads never block the writer).
-    snap: Mutex<Connection>,
+    snap: Mutex<Db>,
     wake: Notify,
     workers: Mutex<HashMap<String, WorkerLink>>,
     specs: Mutex<HashMap<String, Arc<JobSpec>>>,
@@ -145,7 +91,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Controller {
-    fn db(&self) -> MutexGuard<'_, Connection> {
+    fn db(&self) -> MutexGuard<'_, Db> {
         lock(&self.db)
     }
 
@@ -159,18 +105,17 @@ impl Controller {
             None => None,
         };
         let db_path = cfg.state_dir.join("controller.sqlite3");
-        let db =
-            iris_store::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
+        let db = Db::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
         let logs = iris_store::logs::open(&cfg.state_dir.join("logs.sqlite3"))
             .context("opening log store")?;
         let readonly =
             iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
-        let snap = iris_store::open(&db_path).context("opening snapshot connection")?;
+        let snap = Db::open(&db_path).context("opening snapshot connection")?;
         let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
         let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
         let fed = federation::Federation::new(cfg.federation.clone())
-            .map_err(|e| anyhow::anyhow!("federation peers: {}", e.message))?;
+            .map_err(|e| anyhow::anyhow!("federation peers: {e}"))?;
         if cfg.auth.is_some() {
             tracing::info!("auth enabled");
         }
@@ -251,27 +196,19 @@ impl Controller {
     }
 
     /// Loads (and caches) a job's spec.
-    fn spec(&self, conn: &Connection, job_id: &str) -> Result<Option<Arc<JobSpec>>, RpcError> {
+    fn spec(&self, conn: &impl iris_store::Read, job_id: &str) -> Result<Option<Arc<JobSpec>>> {
         if let Some(s) = lock(&self.specs).get(job_id) {
             return Ok(Some(s.clone()));
         }
-        let row: Option<(Vec<u8>, i32, String, i64)> = {
-            use iris_store::rusqlite::OptionalExtension;
-            conn.prepare_cached(
-                "SELECT c.request_blob, c.priority_band, j.user_id, j.depth FROM job_config c JOIN jobs j ON j.job_id = c.job_id WHERE c.job_id = ?1",
-            )
-            .and_then(|mut st| st.query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).optional())
-            .map_err(internal)?
-        };
-        let Some((blob, band, user, depth)) = row else {
+        let Some(row) = iris_store::jobs::spec_row(conn, job_id)? else {
             return Ok(None);
         };
         let req = <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(
-            blob.as_slice(),
+            row.request_blob.as_slice(),
         )
-        .map_err(|e| RpcError::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
-        let band = iris_types::Band::from_code(band).unwrap_or(iris_types::Band::Interactive);
-        let spec = Arc::new(JobSpec::from_request(req, band, user, depth as u32));
+        .map_err(|e| Error::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
+        let band = iris_types::Band::from_code(row.band).unwrap_or(iris_types::Band::Interactive);
+        let spec = Arc::new(JobSpec::from_request(req, band, row.user, row.depth as u32));
         lock(&self.specs).insert(job_id.to_string(), spec.clone());
         Ok(Some(spec))
     }
@@ -285,11 +222,6 @@ impl Controller {
     pub fn url(&self) -> String {
         lock(&self.advertised).clone()
     }
-}
-
-pub(crate) fn internal(e: impl std::fmt::Display) -> RpcError {
-    tracing::error!(error = %e, "internal error");
-    RpcError::internal(format!("internal error: {e}"))
 }
 
 /// A running controller.
@@ -314,7 +246,7 @@ impl RunningController {
 
 /// The controller's HTTP routes (Connect services, blobs) with the request-size guard.
 pub fn router(ctl: Arc<Controller>) -> axum::Router {
-    limits::guard(service::router(ctl))
+    limits::guard(rpc::router(ctl))
 }
 
 /// Opens the state dir, binds, and starts the server, the tick and reconcilers for known workers.

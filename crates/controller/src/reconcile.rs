@@ -4,24 +4,25 @@
 //! fails ≥3 reconciles in a row and has not answered for `worker_grace` is declared failed: its
 //! attempts go down the WORKER_FAILED path (§2.4) and its row is removed.
 
-use crate::{internal, lock, Controller, WorkerLink};
+use crate::error::Result;
+use crate::{lock, Controller, WorkerLink};
 use iris_proto::cluster::controller as c;
 use iris_proto::cluster::worker as w;
 use iris_proto::job;
-use iris_store::ops;
-use iris_store::rusqlite::{params, Connection};
-use iris_types::TaskState;
+use iris_store::{apply, Read};
+use iris_types::{AttrValue, TaskState};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-/// Inserts or updates a worker and its attributes.
-pub(crate) fn upsert_worker(
-    tx: &Connection,
+/// A worker's registration in store terms: capacity from its metadata, and the attributes it
+/// advertises plus the ones every worker has (`device-type`, `device-variant`, `preemptible`,
+/// `scale-group`).
+pub(crate) fn registration_of(
     req: &c::RegisterRequest,
     md: &job::WorkerMetadata,
-) -> iris_store::rusqlite::Result<()> {
+) -> iris_store::workers::Registration {
     let (dtype, variant, gpu, tpu) = crate::spec::device_of(Some(&job::ResourceSpecProto {
         device: md.device.clone(),
         ..Default::default()
@@ -31,80 +32,66 @@ pub(crate) fn upsert_worker(
     } else {
         variant
     };
-    let now = iris_store::now_ms();
-    tx.execute(
-        "INSERT INTO workers(worker_id, address, md_hostname, md_ip_address, md_cpu_count, md_memory_bytes, md_disk_bytes,
-            md_device_json, total_cpu_millicores, total_memory_bytes, total_gpu_count, total_tpu_count, device_type,
-            device_variant, slice_id, scale_group, healthy, registered_at_ms, last_heartbeat_ms, metadata_blob)
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,1,?17,?17,?18)
-         ON CONFLICT(worker_id) DO UPDATE SET address = excluded.address, md_hostname = excluded.md_hostname,
-            md_ip_address = excluded.md_ip_address, md_cpu_count = excluded.md_cpu_count, md_memory_bytes = excluded.md_memory_bytes,
-            md_disk_bytes = excluded.md_disk_bytes, md_device_json = excluded.md_device_json,
-            total_cpu_millicores = excluded.total_cpu_millicores, total_memory_bytes = excluded.total_memory_bytes,
-            total_gpu_count = excluded.total_gpu_count, total_tpu_count = excluded.total_tpu_count,
-            device_type = excluded.device_type, device_variant = excluded.device_variant, slice_id = excluded.slice_id,
-            scale_group = excluded.scale_group, healthy = 1, last_heartbeat_ms = excluded.last_heartbeat_ms,
-            metadata_blob = excluded.metadata_blob",
-        params![
-            req.worker_id,
-            req.address,
-            md.hostname,
-            md.ip_address,
-            md.cpu_count,
-            md.memory_bytes,
-            md.disk_bytes,
-            md.device.as_ref().and_then(|d| serde_json::to_string(d).ok()),
-            md.cpu_count as i64 * 1000,
-            md.memory_bytes,
-            gpu,
-            tpu,
-            dtype,
-            variant,
-            req.slice_id,
-            req.scale_group,
-            now,
-            prost::Message::encode_to_vec(md),
-        ],
-    )?;
-    tx.execute(
-        "DELETE FROM worker_attributes WHERE worker_id = ?1",
-        [&req.worker_id],
-    )?;
-    let mut attrs: Vec<(String, job::AttributeValue)> = md
+    let mut attributes: Vec<(String, AttrValue)> = md
         .attributes
         .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                crate::spec::attr_from_proto(v).unwrap_or_else(|| AttrValue::Str(String::new())),
+            )
+        })
         .collect();
-    let s = |v: &str| job::AttributeValue {
-        value: Some(job::attribute_value::Value::StringValue(v.into())),
-    };
-    for (k, v) in [
-        ("device-type", dtype.to_string()),
-        ("device-variant", variant.to_ascii_lowercase()),
-    ] {
-        if !attrs.iter().any(|(a, _)| a == k) {
-            attrs.push((k.to_string(), s(&v)));
+    let mut default = |k: &str, v: String| {
+        if !attributes.iter().any(|(a, _)| a == k) {
+            attributes.push((k.to_string(), AttrValue::Str(v)));
         }
+    };
+    default("device-type", dtype.to_string());
+    default("device-variant", variant.to_ascii_lowercase());
+    default("preemptible", "false".into());
+    if !req.scale_group.is_empty() {
+        default("scale-group", req.scale_group.clone());
     }
-    if !attrs.iter().any(|(a, _)| a == "preemptible") {
-        attrs.push(("preemptible".into(), s("false")));
+    iris_store::workers::Registration {
+        worker_id: req.worker_id.clone(),
+        address: req.address.clone(),
+        hostname: md.hostname.clone(),
+        ip_address: md.ip_address.clone(),
+        cpu_count: md.cpu_count as i64,
+        memory_bytes: md.memory_bytes,
+        disk_bytes: md.disk_bytes,
+        device_json: md
+            .device
+            .as_ref()
+            .and_then(|d| serde_json::to_string(d).ok()),
+        total: iris_types::Resources {
+            cpu_millicores: md.cpu_count as i64 * 1000,
+            memory_bytes: md.memory_bytes,
+            disk_bytes: md.disk_bytes,
+            gpu,
+            tpu,
+        },
+        device_type: dtype.to_string(),
+        device_variant: variant,
+        slice_id: req.slice_id.clone(),
+        scale_group: req.scale_group.clone(),
+        attributes,
+        metadata_blob: prost::Message::encode_to_vec(md),
     }
-    if !req.scale_group.is_empty() && !attrs.iter().any(|(a, _)| a == "scale-group") {
-        attrs.push(("scale-group".into(), s(&req.scale_group)));
-    }
-    for (k, v) in attrs {
-        use job::attribute_value::Value;
-        let (t, sv, iv, fv) = match v.value {
-            Some(Value::IntValue(i)) => ("int", None, Some(i), None),
-            Some(Value::FloatValue(f)) => ("float", None, None, Some(f)),
-            Some(Value::StringValue(s)) => ("str", Some(s), None, None),
-            None => ("str", Some(String::new()), None, None),
-        };
-        tx.execute(
-            "INSERT INTO worker_attributes(worker_id, key, value_type, str_value, int_value, float_value) VALUES (?1,?2,?3,?4,?5,?6)",
-            params![req.worker_id, k, t, sv, iv, fv],
-        )?;
-    }
+}
+
+/// Registers (or refreshes) a worker in one transaction.
+pub(crate) fn upsert_worker(
+    ctl: &Controller,
+    req: &c::RegisterRequest,
+    md: &job::WorkerMetadata,
+) -> Result<()> {
+    let reg = registration_of(req, md);
+    let mut conn = ctl.db();
+    let tx = conn.begin()?;
+    iris_store::workers::upsert(&tx, &reg, iris_store::now_ms())?;
+    tx.commit()?;
     Ok(())
 }
 
@@ -113,12 +100,7 @@ pub(crate) fn start_known_workers(
     ctl: &Arc<Controller>,
     _shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let ids: Vec<String> = {
-        let conn = ctl.db();
-        let mut st = conn.prepare("SELECT worker_id FROM workers")?;
-        let rows = st.query_map([], |r| r.get(0))?;
-        rows.collect::<Result<_, _>>()?
-    };
+    let ids = iris_store::workers::ids(&*ctl.db())?;
     for id in ids {
         ensure_reconciler(ctl, &id);
     }
@@ -158,10 +140,10 @@ fn stop_reason(attempt: TaskState) -> w::StopReason {
 /// Builds the desired set for a worker from committed state.
 fn desired_set(
     ctl: &Controller,
-    conn: &Connection,
+    conn: &impl Read,
     worker_id: &str,
-) -> Result<Vec<w::DesiredAttempt>, iris_rpc::RpcError> {
-    let rows = ops::open_attempts_for_worker(conn, worker_id).map_err(internal)?;
+) -> Result<Vec<w::DesiredAttempt>> {
+    let rows = iris_store::workers::open_attempts(conn, worker_id)?;
     let victim_pending = rows.iter().any(|r| r.attempt_state == TaskState::Preempted);
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
@@ -240,19 +222,13 @@ async fn reconcile_loop(
             return;
         }
         let prepared = {
-            use iris_store::rusqlite::OptionalExtension;
             let conn = ctl.db();
-            conn.query_row(
-                "SELECT address FROM workers WHERE worker_id = ?1",
-                [&worker_id],
-                |r| r.get::<_, String>(0),
-            )
-            .optional()
-            .map_err(internal)
-            .and_then(|addr| match addr {
-                None => Ok(None),
-                Some(a) => desired_set(&ctl, &conn, &worker_id).map(|d| Some((a, d))),
-            })
+            iris_store::workers::address(&*conn, &worker_id)
+                .map_err(crate::Error::from)
+                .and_then(|addr| match addr {
+                    None => Ok(None),
+                    Some(a) => desired_set(&ctl, &*conn, &worker_id).map(|d| Some((a, d))),
+                })
         };
         let (addr, desired) = match prepared {
             Ok(Some(p)) => p,
@@ -263,7 +239,7 @@ async fn reconcile_loop(
             }
             // A store error is not a lost worker: try again next round.
             Err(e) => {
-                tracing::error!(worker = %worker_id, error = %e.message, "building the desired set");
+                tracing::error!(worker = %worker_id, error = %e, "building the desired set");
                 continue;
             }
         };
@@ -288,7 +264,7 @@ async fn reconcile_loop(
                     }
                     // Capacity follows the cluster (nodes come and go).
                     if let Err(e) = ctl.register_backend(&b).await {
-                        tracing::warn!(backend = %worker_id, error = %e.message, "refreshing backend capacity");
+                        tracing::warn!(backend = %worker_id, error = %e, "refreshing backend capacity");
                     }
                 }
                 Err(e) => {
@@ -298,7 +274,7 @@ async fn reconcile_loop(
             }
             continue;
         }
-        if addr.starts_with("inproc://") {
+        if crate::backend::is_inproc_address(&addr) {
             // An in-process backend not (yet) registered in this process: nothing to dial.
             continue;
         }
@@ -343,11 +319,10 @@ async fn reconcile_loop(
                 if failures >= 3 && last_ok.elapsed() >= ctl.cfg.worker_grace {
                     tracing::warn!(worker = %worker_id, "declaring worker failed");
                     let mut conn = ctl.db();
-                    let done = (|| -> Result<(), iris_store::Error> {
-                        let tx = conn.transaction()?;
-                        ops::fail_worker(&tx, &worker_id, iris_store::now_ms())?;
-                        tx.commit()?;
-                        Ok(())
+                    let done = (|| -> iris_store::Result<()> {
+                        let tx = conn.begin()?;
+                        apply::fail_worker(&tx, &worker_id, iris_store::now_ms())?;
+                        tx.commit()
                     })();
                     drop(conn);
                     if let Err(e) = done {
@@ -372,34 +347,19 @@ fn apply_backend_extras(
     if !events.is_empty() {
         let now = iris_store::now_ms();
         let mut conn = ctl.db();
-        let res = (|| -> Result<(), iris_store::Error> {
-            let tx = conn.transaction()?;
+        let res = (|| -> iris_store::Result<()> {
+            let tx = conn.begin()?;
             for e in events {
-                let row: Option<(String, i64)> = {
-                    use iris_store::rusqlite::OptionalExtension;
-                    tx.query_row(
-                        "SELECT task_id, attempt_id FROM task_attempts WHERE attempt_uid = ?1",
-                        [&e.attempt_uid],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()?
+                let ev = iris_store::events::AttemptEvent {
+                    attempt_uid: e.attempt_uid.clone(),
+                    kind: e.kind.clone(),
+                    reason: e.reason.clone(),
+                    message: e.message.clone(),
+                    source: e.source.clone(),
                 };
-                if let Some((task, attempt)) = row {
-                    ops::record_event(
-                        &tx,
-                        &task,
-                        Some(attempt),
-                        Some(&e.attempt_uid),
-                        now,
-                        &e.kind,
-                        &e.reason,
-                        &e.message,
-                        &e.source,
-                    )?;
-                }
+                iris_store::events::record_attempt_event(&tx, &ev, now)?;
             }
-            tx.commit()?;
-            Ok(())
+            tx.commit()
         })();
         if let Err(e) = res {
             tracing::error!(error = %e, "recording backend events");
@@ -424,27 +384,23 @@ fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse)
     let now = iris_store::now_ms();
     let mut conn = ctl.db();
     let mut changed = false;
-    let res = (|| -> Result<(), iris_store::Error> {
-        let tx = conn.transaction()?;
+    let res = (|| -> iris_store::Result<()> {
+        let tx = conn.begin()?;
         for o in resp.observed {
             let state = TaskState::from_code(o.state).unwrap_or(TaskState::Unspecified);
-            let obs = ops::Observation {
+            let obs = apply::Observation {
                 attempt_uid: o.attempt_uid,
                 state,
                 exit_code: (state.is_terminal()).then_some(o.exit_code),
                 error: o.error,
                 status_message: o.status_message,
             };
-            if ops::apply_observation(&tx, worker_id, &obs, now)? {
+            if apply::apply_observation(&tx, worker_id, &obs, now)? {
                 changed = true;
             }
         }
-        tx.execute(
-            "UPDATE workers SET last_heartbeat_ms = ?2, healthy = 1 WHERE worker_id = ?1",
-            params![worker_id, now],
-        )?;
-        tx.commit()?;
-        Ok(())
+        iris_store::workers::heartbeat(&tx, worker_id, now)?;
+        tx.commit()
     })();
     if let Err(e) = res {
         tracing::error!(worker = %worker_id, error = %e, "applying reconcile response");

@@ -3,8 +3,12 @@
 //! mutation path can forget it), the parent's sync cursors, and mirroring a peer's job, task and
 //! attempt state into the parent's own tables.
 
-use crate::Result;
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::apply::apply_job_event;
+use crate::sets::{JOB_LIVE, JOB_NOT_STARTED};
+use crate::{Raw, Read, Result, Tx};
+use iris_types::JobEvent;
+use rusqlite::{params, OptionalExtension};
+use std::sync::LazyLock;
 
 /// `federated_jobs.direction`: this cluster handed the job to a peer.
 pub const SENT: i64 = 0;
@@ -51,7 +55,7 @@ fn handle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Handle> {
 
 /// Inserts a handle (after the job row).
 pub fn insert_handle(
-    tx: &Connection,
+    tx: &Tx<'_>,
     job_id: &str,
     direction: i64,
     peer_id: &str,
@@ -59,7 +63,7 @@ pub fn insert_handle(
     state: i64,
     nonce: &str,
 ) -> Result<()> {
-    tx.prepare_cached(
+    tx.raw().prepare_cached(
         "INSERT INTO federated_jobs(job_id, direction, peer_id, owner_principal, handoff_state, handoff_nonce)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
@@ -68,8 +72,9 @@ pub fn insert_handle(
 }
 
 /// The handle of `job_id` itself.
-pub fn handle(conn: &Connection, job_id: &str) -> Result<Option<Handle>> {
+pub fn handle(conn: &impl Read, job_id: &str) -> Result<Option<Handle>> {
     Ok(conn
+        .raw()
         .prepare_cached(&format!(
             "SELECT {HANDLE_COLS} FROM federated_jobs WHERE job_id = ?1"
         ))?
@@ -78,7 +83,7 @@ pub fn handle(conn: &Connection, job_id: &str) -> Result<Option<Handle>> {
 }
 
 /// The handle of the root of `job_id` (federation moves whole root jobs).
-pub fn root_handle(conn: &Connection, job_id: &str) -> Result<Option<Handle>> {
+pub fn root_handle(conn: &impl Read, job_id: &str) -> Result<Option<Handle>> {
     let root = root_of(job_id);
     handle(conn, &root)
 }
@@ -105,13 +110,17 @@ pub struct Queued {
 }
 
 /// Every placement candidate, oldest first.
-pub fn queued(conn: &Connection) -> Result<Vec<Queued>> {
-    let mut st = conn.prepare_cached(
-        "SELECT f.job_id, f.peer_id, j.user_id, c.priority_band, j.submitted_at_ms, j.scheduling_deadline_epoch_ms, c.request_blob
-         FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id JOIN job_config c ON c.job_id = f.job_id
-         WHERE f.direction = 0 AND f.handoff_state = 3 AND f.cancel_intent_version = 0 AND j.state IN (1, 2)
-         ORDER BY j.submitted_at_ms",
-    )?;
+pub fn queued(conn: &impl Read) -> Result<Vec<Queued>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT f.job_id, f.peer_id, j.user_id, c.priority_band, j.submitted_at_ms, j.scheduling_deadline_epoch_ms, c.request_blob
+             FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id JOIN job_config c ON c.job_id = f.job_id
+             WHERE f.direction = 0 AND f.handoff_state = 3 AND f.cancel_intent_version = 0 AND j.state IN {}
+             ORDER BY j.submitted_at_ms",
+            *JOB_NOT_STARTED
+        )
+    });
+    let mut st = conn.raw().prepare_cached(&SQL)?;
     let rows = st.query_map([], |r| {
         Ok(Queued {
             job_id: r.get(0)?,
@@ -128,34 +137,32 @@ pub fn queued(conn: &Connection) -> Result<Vec<Queued>> {
 
 /// A queued job whose scheduling deadline passed → UNSCHEDULABLE (the handle stays QUEUED, so
 /// the promotion CAS refuses it).
-pub fn expire_queued(tx: &Connection, job_id: &str, now: i64) -> Result<bool> {
-    let n = tx
-        .prepare_cached(
-            "UPDATE jobs SET state = 8, finished_at_ms = ?2,
-                 error = 'Scheduling timeout exceeded while queued for a federation peer'
-             WHERE job_id = ?1 AND state IN (1, 2)",
-        )?
-        .execute(params![job_id, now])?;
-    Ok(n > 0)
+pub fn expire_queued(tx: &Tx<'_>, job_id: &str, now: i64) -> Result<bool> {
+    apply_job_event(tx, job_id, &JobEvent::QueuedDeadlinePassed, now)
 }
 
 /// The promotion CAS: QUEUED → PENDING on `peer` only while the handle is still queued, not
 /// cancelled, and its job is live. Also stamps `jobs.cluster`, and (unlike the reference) keeps
 /// the chosen backend and heartbeat generation for operators.
 pub fn promote(
-    tx: &Connection,
+    tx: &Tx<'_>,
     job_id: &str,
     peer: &str,
     backend_id: &str,
     generation: i64,
     now: i64,
 ) -> Result<bool> {
-    let n = tx
-        .prepare_cached(
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "UPDATE federated_jobs SET handoff_state = 0, peer_id = ?2, backend_id = ?3, generation = ?4, promoted_at_ms = ?5
              WHERE job_id = ?1 AND direction = 0 AND handoff_state = 3 AND cancel_intent_version = 0
-               AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = ?1 AND j.state IN (1, 2))",
-        )?
+               AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = ?1 AND j.state IN {})",
+            *JOB_NOT_STARTED
+        )
+    });
+    let tx = tx.raw();
+    let n = tx
+        .prepare_cached(&SQL)?
         .execute(params![job_id, peer, backend_id, generation, now])?;
     if n > 0 {
         tx.prepare_cached("UPDATE jobs SET cluster = ?2 WHERE job_id = ?1")?
@@ -175,14 +182,18 @@ pub struct Delivery {
 }
 
 /// Up to `limit` PENDING, uncancelled handles for `peer`, oldest promotion first.
-pub fn deliveries(conn: &Connection, peer: &str, limit: usize) -> Result<Vec<Delivery>> {
-    let mut st = conn.prepare_cached(
-        "SELECT f.job_id, f.handoff_nonce, f.owner_principal, j.submitting_user, c.request_blob
-         FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id JOIN job_config c ON c.job_id = f.job_id
-         WHERE f.direction = 0 AND f.handoff_state = 0 AND f.peer_id = ?1 AND f.cancel_intent_version = 0
-           AND j.state IN (1, 2)
-         ORDER BY f.promoted_at_ms LIMIT ?2",
-    )?;
+pub fn deliveries(conn: &impl Read, peer: &str, limit: usize) -> Result<Vec<Delivery>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT f.job_id, f.handoff_nonce, f.owner_principal, j.submitting_user, c.request_blob
+             FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id JOIN job_config c ON c.job_id = f.job_id
+             WHERE f.direction = 0 AND f.handoff_state = 0 AND f.peer_id = ?1 AND f.cancel_intent_version = 0
+               AND j.state IN {}
+             ORDER BY f.promoted_at_ms LIMIT ?2",
+            *JOB_NOT_STARTED
+        )
+    });
+    let mut st = conn.raw().prepare_cached(&SQL)?;
     let rows = st.query_map(params![peer, limit as i64], |r| {
         Ok(Delivery {
             job_id: r.get(0)?,
@@ -196,8 +207,9 @@ pub fn deliveries(conn: &Connection, peer: &str, limit: usize) -> Result<Vec<Del
 }
 
 /// PENDING → HANDED_OFF after the peer acknowledged (only if still PENDING).
-pub fn mark_handed_off(tx: &Connection, job_id: &str, now: i64) -> Result<bool> {
+pub fn mark_handed_off(tx: &Tx<'_>, job_id: &str, now: i64) -> Result<bool> {
     let n = tx
+        .raw()
         .prepare_cached(
             "UPDATE federated_jobs SET handoff_state = 1, handed_off_at_ms = ?2, last_error = NULL
              WHERE job_id = ?1 AND handoff_state = 0",
@@ -207,25 +219,30 @@ pub fn mark_handed_off(tx: &Connection, job_id: &str, now: i64) -> Result<bool> 
 }
 
 /// PENDING → HANDOFF_REJECTED with the peer's verdict; the job ends KILLED with that message.
-pub fn mark_rejected(tx: &Connection, job_id: &str, message: &str, now: i64) -> Result<bool> {
+pub fn mark_rejected(tx: &Tx<'_>, job_id: &str, message: &str, now: i64) -> Result<bool> {
     let n = tx
+        .raw()
         .prepare_cached(
             "UPDATE federated_jobs SET handoff_state = 2, last_error = ?2 WHERE job_id = ?1 AND handoff_state = 0",
         )?
         .execute(params![job_id, message])?;
     if n > 0 {
-        tx.prepare_cached(
-            "UPDATE jobs SET state = 6, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3)
-             WHERE job_id = ?1 AND state IN (1, 2, 3)",
-        )?
-        .execute(params![job_id, message, now])?;
+        apply_job_event(
+            tx,
+            job_id,
+            &JobEvent::HandoffRejected {
+                message: message.to_string(),
+            },
+            now,
+        )?;
     }
     Ok(n > 0)
 }
 
 /// Records a transient delivery error for operators (the handle stays PENDING).
-pub fn note_error(tx: &Connection, job_id: &str, message: &str) -> Result<()> {
-    tx.prepare_cached("UPDATE federated_jobs SET last_error = ?2 WHERE job_id = ?1")?
+pub fn note_error(tx: &Tx<'_>, job_id: &str, message: &str) -> Result<()> {
+    tx.raw()
+        .prepare_cached("UPDATE federated_jobs SET last_error = ?2 WHERE job_id = ?1")?
         .execute(params![job_id, message])?;
     Ok(())
 }
@@ -233,66 +250,105 @@ pub fn note_error(tx: &Connection, job_id: &str, message: &str) -> Result<()> {
 /// Cancel on the parent: bumps the intent. QUEUED and PENDING handles end their job KILLED
 /// ("Cancelled before handoff"); returns the handle as it was, so the caller knows whether the
 /// peer must be told (PENDING or HANDED_OFF).
-pub fn cancel_sent(tx: &Connection, job_id: &str, now: i64) -> Result<Option<Handle>> {
+pub fn cancel_sent(tx: &Tx<'_>, job_id: &str, now: i64) -> Result<Option<Handle>> {
     let Some(h) = handle(tx, job_id)? else {
         return Ok(None);
     };
     if h.direction != SENT {
         return Ok(None);
     }
-    tx.prepare_cached(
-        "UPDATE federated_jobs SET cancel_intent_version = cancel_intent_version + 1 WHERE job_id = ?1",
-    )?
-    .execute([job_id])?;
-    if h.handoff_state == QUEUED || h.handoff_state == PENDING {
-        tx.prepare_cached(
-            "UPDATE jobs SET state = 6, error = 'Cancelled before handoff', finished_at_ms = COALESCE(finished_at_ms, ?2)
-             WHERE job_id = ?1 AND state IN (1, 2, 3)",
+    tx.raw()
+        .prepare_cached(
+            "UPDATE federated_jobs SET cancel_intent_version = cancel_intent_version + 1 WHERE job_id = ?1",
         )?
-        .execute(params![job_id, now])?;
+        .execute([job_id])?;
+    if h.handoff_state == QUEUED || h.handoff_state == PENDING {
+        apply_job_event(tx, job_id, &JobEvent::CancelledBeforeHandoff, now)?;
     }
     Ok(Some(h))
 }
 
 /// Handles on `peer` with a cancel intent whose local job is still live (cancel re-drive).
-pub fn pending_cancels(conn: &Connection, peer: &str) -> Result<Vec<String>> {
-    let mut st = conn.prepare_cached(
-        "SELECT f.job_id FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id
-         WHERE f.direction = 0 AND f.peer_id = ?1 AND f.cancel_intent_version > 0
-           AND f.handoff_state = 1 AND j.state IN (1, 2, 3)",
-    )?;
+pub fn pending_cancels(conn: &impl Read, peer: &str) -> Result<Vec<String>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT f.job_id FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id
+             WHERE f.direction = 0 AND f.peer_id = ?1 AND f.cancel_intent_version > 0
+               AND f.handoff_state = 1 AND j.state IN {}",
+            *JOB_LIVE
+        )
+    });
+    let mut st = conn.raw().prepare_cached(&SQL)?;
     let rows = st.query_map([peer], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// The peer reported the job gone: end it locally.
-pub fn kill_mirrored(tx: &Connection, job_id: &str, reason: &str, now: i64) -> Result<()> {
-    tx.prepare_cached(
-        "UPDATE jobs SET state = 6, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3)
-         WHERE (job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/') AND state IN (1, 2, 3)",
-    )?
-    .execute(params![job_id, reason, now])?;
-    tx.prepare_cached(
-        "UPDATE tasks SET state = 6, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3)
-         WHERE (job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/') AND state IN (1, 2, 3, 9)",
-    )?
-    .execute(params![job_id, reason, now])?;
+/// Records a cancel of a child of a handed-off root: the sync loop re-drives it until the peer
+/// confirms it.
+pub fn record_child_cancel(tx: &Tx<'_>, job_id: &str, peer: &str, now: i64) -> Result<()> {
+    tx.raw()
+        .prepare_cached(
+            "INSERT INTO federated_child_cancels(job_id, peer_id, requested_at_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT(job_id) DO UPDATE SET peer_id = excluded.peer_id",
+        )?
+        .execute(params![job_id, peer, now])?;
+    Ok(())
+}
+
+/// Child cancels on `peer` not yet confirmed: the mirrored child is still live, or not mirrored
+/// yet.
+pub fn pending_child_cancels(conn: &impl Read, peer: &str) -> Result<Vec<String>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT c.job_id FROM federated_child_cancels c LEFT JOIN jobs j ON j.job_id = c.job_id
+             WHERE c.peer_id = ?1 AND (j.job_id IS NULL OR j.state IN {})
+             ORDER BY c.requested_at_ms",
+            *JOB_LIVE
+        )
+    });
+    let mut st = conn.raw().prepare_cached(&SQL)?;
+    let rows = st.query_map([peer], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Drops the child cancels on `peer` that are done: the mirror shows the child ended, or
+/// `gone` names it (the peer does not know it).
+pub fn settle_child_cancels(tx: &Tx<'_>, peer: &str, gone: &[String]) -> Result<()> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "DELETE FROM federated_child_cancels WHERE peer_id = ?1
+               AND job_id IN (SELECT job_id FROM jobs WHERE state NOT IN {})",
+            *JOB_LIVE
+        )
+    });
+    let tx = tx.raw();
+    tx.prepare_cached(&SQL)?.execute([peer])?;
+    let mut del = tx.prepare_cached("DELETE FROM federated_child_cancels WHERE job_id = ?1")?;
+    for j in gone {
+        del.execute([j])?;
+    }
     Ok(())
 }
 
 /// Non-terminal SENT handles on `peer`.
-pub fn active_count(conn: &Connection, peer: &str) -> Result<i64> {
-    Ok(conn
-        .prepare_cached(
+pub fn active_count(conn: &impl Read, peer: &str) -> Result<i64> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
             "SELECT count(*) FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id
-             WHERE f.direction = 0 AND f.peer_id = ?1 AND j.state IN (1, 2, 3)",
-        )?
+             WHERE f.direction = 0 AND f.peer_id = ?1 AND j.state IN {}",
+            *JOB_LIVE
+        )
+    });
+    Ok(conn
+        .raw()
+        .prepare_cached(&SQL)?
         .query_row([peer], |r| r.get(0))?)
 }
 
 /// Whether any task of `job_id` has been mirrored from its peer.
-pub fn tasks_mirrored(conn: &Connection, job_id: &str) -> Result<bool> {
+pub fn tasks_mirrored(conn: &impl Read, job_id: &str) -> Result<bool> {
     Ok(conn
+        .raw()
         .prepare_cached("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ?1)")?
         .query_row([job_id], |r| r.get(0))?)
 }
@@ -302,14 +358,14 @@ pub fn tasks_mirrored(conn: &Connection, job_id: &str) -> Result<bool> {
 /// Appends a change-log row by hand (the received root itself: its handle is written after its
 /// job and task rows, so the triggers did not see them).
 pub fn append_changelog(
-    tx: &Connection,
+    tx: &Tx<'_>,
     job_id: &str,
     requester: &str,
     task_index: Option<i64>,
     tombstone: bool,
     now: i64,
 ) -> Result<()> {
-    tx.prepare_cached(
+    tx.raw().prepare_cached(
         "INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
@@ -336,7 +392,8 @@ pub struct Changes {
 }
 
 /// Folds the change log for `requester` after `cursor` (reference §1.7).
-pub fn changes_since(conn: &Connection, requester: &str, cursor: &str) -> Result<Changes> {
+pub fn changes_since(conn: &impl Read, requester: &str, cursor: &str) -> Result<Changes> {
+    let conn = conn.raw();
     let (min_seq, max_seq): (Option<i64>, Option<i64>) = conn
         .prepare_cached("SELECT MIN(seq), MAX(seq) FROM federation_changelog")?
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -401,214 +458,35 @@ pub fn changes_since(conn: &Connection, requester: &str, cursor: &str) -> Result
 // ---- parent side ----
 
 /// The stored sync cursor for `peer` ("" when none).
-pub fn cursor(conn: &Connection, peer: &str) -> Result<String> {
+pub fn cursor(conn: &impl Read, peer: &str) -> Result<String> {
     Ok(conn
+        .raw()
         .prepare_cached("SELECT cursor FROM federation_sync_state WHERE peer_id = ?1")?
         .query_row([peer], |r| r.get(0))
         .optional()?
         .unwrap_or_default())
 }
 
-pub fn set_cursor(tx: &Connection, peer: &str, cursor: &str) -> Result<()> {
-    tx.prepare_cached(
-        "INSERT INTO federation_sync_state(peer_id, cursor) VALUES (?1, ?2)
+pub fn set_cursor(tx: &Tx<'_>, peer: &str, cursor: &str) -> Result<()> {
+    tx.raw()
+        .prepare_cached(
+            "INSERT INTO federation_sync_state(peer_id, cursor) VALUES (?1, ?2)
          ON CONFLICT(peer_id) DO UPDATE SET cursor = excluded.cursor",
-    )?
-    .execute(params![peer, cursor])?;
+        )?
+        .execute(params![peer, cursor])?;
     Ok(())
 }
 
-/// A peer's report of one job, in store terms.
-#[derive(Clone, Debug, Default)]
-pub struct MirrorJob {
-    pub job_id: String,
-    pub state: i32,
-    pub error: Option<String>,
-    pub exit_code: Option<i32>,
-    pub started_at_ms: Option<i64>,
-    pub finished_at_ms: Option<i64>,
-    pub num_tasks: i64,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct MirrorAttempt {
-    pub attempt_id: i64,
-    pub state: i32,
-    pub started_at_ms: Option<i64>,
-    pub finished_at_ms: Option<i64>,
-    pub exit_code: Option<i32>,
-    pub error: Option<String>,
-    pub attempt_uid: String,
-    pub worker_id: String,
-    pub terminal_reason: Option<String>,
-}
-
-#[derive(Clone, Debug, Default)]
-pub struct MirrorTask {
-    pub task_index: i64,
-    pub state: i32,
-    pub error: Option<String>,
-    pub exit_code: Option<i32>,
-    pub started_at_ms: Option<i64>,
-    pub finished_at_ms: Option<i64>,
-    pub current_attempt_id: i64,
-    pub worker_address: String,
-    pub status_message: Option<String>,
-    pub attempts: Vec<MirrorAttempt>,
-}
-
 /// Whether `job_id`'s root was SENT to `peer` (deltas for anything else are ignored).
-pub fn root_sent_to(conn: &Connection, job_id: &str, peer: &str) -> Result<bool> {
+pub fn root_sent_to(conn: &impl Read, job_id: &str, peer: &str) -> Result<bool> {
     Ok(root_handle(conn, job_id)?
         .map(|h| h.direction == SENT && h.peer_id == peer)
         .unwrap_or(false))
 }
 
-/// Deletes a mirrored job (a peer tombstone).
-pub fn delete_mirrored(tx: &Connection, job_id: &str) -> Result<()> {
-    crate::ops::delete_job(tx, job_id)
-}
-
-/// Upserts a mirrored job and the given tasks with their attempts. A child the parent has not
-/// seen is created from its parent's row (user, band, root submit time) with `cluster = peer`.
-pub fn apply_mirror(
-    tx: &Connection,
-    peer: &str,
-    job: &MirrorJob,
-    tasks: &[MirrorTask],
-    now: i64,
-) -> Result<()> {
-    let exists: bool = tx
-        .prepare_cached("SELECT EXISTS(SELECT 1 FROM jobs WHERE job_id = ?1)")?
-        .query_row([&job.job_id], |r| r.get(0))?;
-    if !exists {
-        let parent = match job.job_id.rsplit_once('/') {
-            Some((p, _)) if !p.is_empty() => p.to_string(),
-            _ => return Ok(()),
-        };
-        let seed: Option<(String, String, i64, i64, i32)> = tx
-            .prepare_cached(
-                "SELECT j.user_id, j.submitting_user, j.root_submitted_at_ms, j.depth, c.priority_band
-                 FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
-            )?
-            .query_row([&parent], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-            })
-            .optional()?;
-        let Some((user, submitting, root_ms, depth, band)) = seed else {
-            // Parent not mirrored yet: deltas arrive ordered by depth, so this is a gap; the next
-            // full snapshot fills it.
-            return Ok(());
-        };
-        tx.prepare_cached(
-            "INSERT INTO jobs(job_id, user_id, submitting_user, parent_job_id, root_job_id, depth, state,
-                submitted_at_ms, root_submitted_at_ms, num_tasks, name, backend_id, cluster)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'peer', ?12)",
-        )?
-        .execute(params![
-            job.job_id,
-            user,
-            submitting,
-            parent,
-            root_of(&job.job_id),
-            depth + 1,
-            job.state,
-            now,
-            root_ms,
-            job.num_tasks,
-            job.job_id.to_lowercase(),
-            peer
-        ])?;
-        tx.prepare_cached(
-            "INSERT INTO job_config(job_id, priority_band, request_blob) VALUES (?1, ?2, x'')",
-        )?
-        .execute(params![job.job_id, band])?;
-    }
-    tx.prepare_cached(
-        "UPDATE jobs SET state = ?2, error = ?3, exit_code = ?4, started_at_ms = ?5,
-             finished_at_ms = ?6, num_tasks = ?7, cluster = ?8
-         WHERE job_id = ?1",
-    )?
-    .execute(params![
-        job.job_id,
-        job.state,
-        job.error,
-        job.exit_code,
-        job.started_at_ms,
-        job.finished_at_ms,
-        job.num_tasks,
-        peer
-    ])?;
-    let (band, depth, root_ms, submitted): (i32, i64, i64, i64) = tx
-        .prepare_cached(
-            "SELECT c.priority_band, j.depth, j.root_submitted_at_ms, j.submitted_at_ms
-             FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
-        )?
-        .query_row([&job.job_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })?;
-    for t in tasks {
-        let task_id = format!("{}/{}", job.job_id, t.task_index);
-        tx.prepare_cached(
-            "INSERT INTO tasks(task_id, job_id, task_index, state, error, exit_code, submitted_at_ms,
-                started_at_ms, finished_at_ms, max_retries_failure, max_retries_preemption,
-                current_attempt_id, priority_neg_depth, priority_root_submitted_ms, priority_insertion,
-                priority_band, status_message, current_worker_address, backend_id, cluster)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, 0, ?10, ?11, ?12, 0, ?13, ?14, ?15, 'peer', ?16)
-             ON CONFLICT(task_id) DO UPDATE SET state = excluded.state, error = excluded.error,
-                exit_code = excluded.exit_code, started_at_ms = excluded.started_at_ms,
-                finished_at_ms = excluded.finished_at_ms, current_attempt_id = excluded.current_attempt_id,
-                status_message = excluded.status_message, current_worker_address = excluded.current_worker_address",
-        )?
-        .execute(params![
-            task_id,
-            job.job_id,
-            t.task_index,
-            t.state,
-            t.error,
-            t.exit_code,
-            submitted,
-            t.started_at_ms,
-            t.finished_at_ms,
-            t.current_attempt_id,
-            -depth,
-            root_ms,
-            band,
-            t.status_message,
-            t.worker_address,
-            peer
-        ])?;
-        for a in &t.attempts {
-            tx.prepare_cached(
-                "INSERT INTO task_attempts(task_id, attempt_id, worker_id, state, created_at_ms, started_at_ms,
-                    finished_at_ms, exit_code, error, attempt_uid, backend_id, node_name, terminal_reason)
-                 VALUES (?1, ?2, NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'peer', ?10, ?11)
-                 ON CONFLICT(task_id, attempt_id) DO UPDATE SET state = excluded.state,
-                    started_at_ms = excluded.started_at_ms, finished_at_ms = excluded.finished_at_ms,
-                    exit_code = excluded.exit_code, error = excluded.error,
-                    node_name = excluded.node_name, terminal_reason = excluded.terminal_reason",
-            )?
-            .execute(params![
-                task_id,
-                a.attempt_id,
-                a.state,
-                a.started_at_ms.unwrap_or(now),
-                a.started_at_ms,
-                a.finished_at_ms,
-                a.exit_code,
-                a.error,
-                a.attempt_uid,
-                a.worker_id,
-                a.terminal_reason
-            ])?;
-        }
-    }
-    Ok(())
-}
-
 /// After a full snapshot: HANDED_OFF handles on `peer` absent from it are gone on the peer.
-pub fn handed_off_roots(conn: &Connection, peer: &str) -> Result<Vec<String>> {
-    let mut st = conn.prepare_cached(
+pub fn handed_off_roots(conn: &impl Read, peer: &str) -> Result<Vec<String>> {
+    let mut st = conn.raw().prepare_cached(
         "SELECT job_id FROM federated_jobs WHERE direction = 0 AND peer_id = ?1 AND handoff_state = 1",
     )?;
     let rows = st.query_map([peer], |r| r.get(0))?;

@@ -1,19 +1,126 @@
 //! SQLite persistence for the controller: schema, forward-only migrations, typed queries, and
-//! applying state-machine steps inside transactions. The only crate that knows SQL.
+//! applying state-machine steps inside transactions. The only crate that knows SQL: its API
+//! speaks domain types ([`Db`], [`Tx`], plain row structs), never `rusqlite`'s.
 //!
-//! Architecture invariant: every state change goes through [`ops::apply_task_event`], which loads
-//! the task, calls `iris_types::transition`, and writes the result in the caller's transaction.
+//! Architecture invariant: a job's, task's or attempt's state column is written only in
+//! [`apply`] (through `iris_types::transition` / `job_transition`) and, for jobs mirrored from a
+//! federation peer, in [`mirror`]. State sets in SQL come from [`sets`], generated from
+//! `TaskState`/`JobState`.
 
+pub mod apply;
+pub mod budgets;
+pub mod checkpoint;
+pub mod events;
 pub mod federation;
+pub mod jobs;
 pub mod logs;
-pub mod ops;
+pub mod mirror;
 pub mod query;
 mod schema;
+pub(crate) mod sets;
+pub mod snapshot;
+pub mod views;
+pub mod workers;
 
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 
-pub use rusqlite;
+mod sealed {
+    /// Access to the raw connection, for this crate only.
+    pub trait Raw {
+        fn raw(&self) -> &rusqlite::Connection;
+    }
+}
+use sealed::Raw;
+
+/// Something the store can read through: a [`Db`] or an open [`Tx`].
+pub trait Read: sealed::Raw {}
+
+/// A connection to the controller DB.
+pub struct Db {
+    conn: Connection,
+}
+
+/// An open transaction. Every state change takes one: nothing is visible until [`Tx::commit`],
+/// and dropping it rolls back.
+pub struct Tx<'a> {
+    tx: rusqlite::Transaction<'a>,
+}
+
+impl Raw for Db {
+    fn raw(&self) -> &Connection {
+        &self.conn
+    }
+}
+impl Read for Db {}
+impl Raw for Tx<'_> {
+    fn raw(&self) -> &Connection {
+        &self.tx
+    }
+}
+impl Read for Tx<'_> {}
+
+impl Db {
+    /// Opens (creating if needed) the controller DB with WAL and foreign keys, and applies
+    /// migrations.
+    pub fn open(path: &Path) -> Result<Db> {
+        let conn = Connection::open(path)?;
+        configure(&conn)?;
+        migrate(&conn)?;
+        Ok(Db { conn })
+    }
+
+    /// An in-memory DB (tests).
+    pub fn open_in_memory() -> Result<Db> {
+        let conn = Connection::open_in_memory()?;
+        configure(&conn)?;
+        migrate(&conn)?;
+        Ok(Db { conn })
+    }
+
+    /// Starts a write transaction.
+    pub fn begin(&mut self) -> Result<Tx<'_>> {
+        Ok(Tx {
+            tx: self.conn.transaction()?,
+        })
+    }
+
+    /// Starts a read transaction on a shared connection: one consistent snapshot for several
+    /// reads (the tick's snapshot connection).
+    pub fn begin_read(&self) -> Result<Tx<'_>> {
+        Ok(Tx {
+            tx: self.conn.unchecked_transaction()?,
+        })
+    }
+}
+
+impl Tx<'_> {
+    /// Commits the transaction.
+    pub fn commit(self) -> Result<()> {
+        Ok(self.tx.commit()?)
+    }
+
+    /// Runs `f` inside a savepoint: its writes are kept if it returns `Ok` and rolled back if it
+    /// returns `Err`, without affecting the rest of the transaction (group commit).
+    pub fn savepoint<T, E: From<Error>>(
+        &self,
+        f: impl FnOnce(&Tx<'_>) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let exec = |sql: &str| -> Result<()> {
+            self.tx.prepare_cached(sql)?.execute([])?;
+            Ok(())
+        };
+        exec("SAVEPOINT sp")?;
+        let r = f(self);
+        if r.is_ok() {
+            exec("RELEASE sp")?;
+        } else {
+            exec("ROLLBACK TO sp")?;
+            exec("RELEASE sp")?;
+        }
+        r
+    }
+}
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
@@ -36,22 +143,6 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// Opens (creating if needed) the controller DB with WAL and foreign keys, and applies migrations.
-pub fn open(path: &Path) -> Result<Connection> {
-    let conn = Connection::open(path)?;
-    configure(&conn)?;
-    migrate(&conn)?;
-    Ok(conn)
-}
-
-/// An in-memory DB for tests.
-pub fn open_in_memory() -> Result<Connection> {
-    let conn = Connection::open_in_memory()?;
-    configure(&conn)?;
-    migrate(&conn)?;
-    Ok(conn)
-}
-
 fn configure(conn: &Connection) -> Result<()> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -63,7 +154,7 @@ fn configure(conn: &Connection) -> Result<()> {
 
 /// Applies pending migrations in order; refuses a DB that records a migration this binary does
 /// not know (written by a newer version).
-pub fn migrate(conn: &Connection) -> Result<()> {
+fn migrate(conn: &Connection) -> Result<()> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at_ms INTEGER NOT NULL)",
     )?;
@@ -93,21 +184,41 @@ pub fn migrate(conn: &Connection) -> Result<()> {
 }
 
 /// Reads an integer from `meta`.
-pub fn meta_get(conn: &Connection, key: &str) -> Result<Option<i64>> {
+pub fn meta_get(conn: &impl Read, key: &str) -> Result<Option<i64>> {
     Ok(conn
+        .raw()
         .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
         .query_row([key], |r| r.get(0))
         .optional()?)
 }
 
 /// Adds `n` to a `meta` counter and returns the first value of the reserved range.
-pub fn meta_reserve(conn: &Connection, key: &str, n: i64) -> Result<i64> {
-    let cur = meta_get(conn, key)?.unwrap_or(0);
+pub(crate) fn meta_reserve(conn: &Connection, key: &str, n: i64) -> Result<i64> {
+    let cur: Option<i64> = conn
+        .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
+        .query_row([key], |r| r.get(0))
+        .optional()?;
+    let cur = cur.unwrap_or(0);
     conn.prepare_cached(
         "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
     )?
     .execute(params![key, cur + n])?;
     Ok(cur)
+}
+
+/// Helpers for tests of other crates that need a DB in a particular shape.
+pub mod testing {
+    use super::*;
+
+    /// Records a migration this binary does not know, as a newer Iris would have.
+    pub fn record_migration(path: &Path, name: &str) -> Result<()> {
+        let db = Db::open(path)?;
+        db.conn.execute(
+            "INSERT INTO schema_migrations(name, applied_at_ms) VALUES (?1, 0)",
+            [name],
+        )?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -118,10 +229,11 @@ mod tests {
     fn migrations_are_recorded_and_idempotent() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("c.sqlite3");
-        let c = open(&p).expect("open");
+        let c = Db::open(&p).expect("open");
         drop(c);
-        let c = open(&p).expect("reopen");
+        let c = Db::open(&p).expect("reopen");
         let n: i64 = c
+            .conn
             .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
             .expect("count");
         assert_eq!(n as usize, schema::MIGRATIONS.len());
@@ -131,16 +243,11 @@ mod tests {
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("c.sqlite3");
-        let c = open(&p).expect("open");
-        c.execute(
-            "INSERT INTO schema_migrations(name, applied_at_ms) VALUES ('9999_from_the_future', 0)",
-            [],
-        )
-        .expect("insert");
-        drop(c);
-        match open(&p) {
+        testing::record_migration(&p, "9999_from_the_future").expect("insert");
+        match Db::open(&p) {
             Err(Error::NewerSchema(n)) => assert_eq!(n, "9999_from_the_future"),
-            other => panic!("expected NewerSchema, got {other:?}"),
+            Err(other) => panic!("expected NewerSchema, got {other}"),
+            Ok(_) => panic!("expected NewerSchema, the DB opened"),
         }
     }
 }

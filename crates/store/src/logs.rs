@@ -47,8 +47,11 @@ pub struct FetchQuery {
     pub min_level: i32,
 }
 
+/// The log DB (`logs.sqlite3`).
+pub struct LogDb(Connection);
+
 /// Opens the log DB.
-pub fn open(path: &Path) -> rusqlite::Result<Connection> {
+pub fn open(path: &Path) -> rusqlite::Result<LogDb> {
     let c = Connection::open(path)?;
     c.pragma_update(None, "journal_mode", "WAL")?;
     c.pragma_update(None, "synchronous", "NORMAL")?;
@@ -74,15 +77,15 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
     c.execute_batch(
         "CREATE UNIQUE INDEX IF NOT EXISTS idx_logs_client_seq ON logs(key, client_seq) WHERE client_seq IS NOT NULL",
     )?;
-    Ok(c)
+    Ok(LogDb(c))
 }
 
 /// Appends lines under `key` in one transaction.
 pub fn append(
-    conn: &mut Connection,
+    conn: &mut LogDb,
     key: &str,
     lines: &[(String, String, i64, i32)],
-) -> rusqlite::Result<()> {
+) -> Result<(), LogError> {
     let numbered: Vec<(String, String, i64, i32, Option<i64>)> = lines
         .iter()
         .map(|(s, d, t, l)| (s.clone(), d.clone(), *t, *l, None))
@@ -93,11 +96,11 @@ pub fn append(
 /// Appends `(source, data, epoch_ms, level, client_seq)` lines under `key` in one transaction.
 /// A line whose `client_seq` is already stored for `key` is skipped, so pushes can be retried.
 pub fn append_numbered(
-    conn: &mut Connection,
+    conn: &mut LogDb,
     key: &str,
     lines: &[(String, String, i64, i32, Option<i64>)],
-) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+) -> Result<(), LogError> {
+    let tx = conn.0.transaction()?;
     {
         let mut st = tx.prepare_cached(
             "INSERT INTO logs(key, source, data, epoch_ms, level, client_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
@@ -107,8 +110,13 @@ pub fn append_numbered(
             st.execute(params![key, source, data, ts, level, cseq])?;
         }
     }
-    tx.commit()
+    Ok(tx.commit()?)
 }
+
+/// A log store failure.
+#[derive(Debug, thiserror::Error)]
+#[error("log store: {0}")]
+pub struct LogError(#[from] rusqlite::Error);
 
 /// The smallest string greater than every string starting with `prefix`, if any.
 fn prefix_upper(prefix: &str) -> Option<String> {
@@ -146,13 +154,14 @@ pub fn parse_level(s: &str) -> Result<i32, String> {
 pub enum FetchError {
     #[error("invalid regex {0:?}: {1}")]
     BadRegex(String, String),
-    #[error("sqlite: {0}")]
+    #[error("log store: {0}")]
     Sql(#[from] rusqlite::Error),
 }
 
 /// Runs a fetch; returns lines in ascending seq order and the response cursor (largest seq
 /// returned, or the request cursor when nothing matched).
-pub fn fetch(conn: &Connection, q: &FetchQuery) -> Result<(Vec<LogLine>, i64), FetchError> {
+pub fn fetch(conn: &LogDb, q: &FetchQuery) -> Result<(Vec<LogLine>, i64), FetchError> {
+    let conn = &conn.0;
     let key_re = if q.scope == Scope::Regex {
         Some(
             regex::Regex::new(&q.source)

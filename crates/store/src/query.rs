@@ -31,8 +31,11 @@ pub struct QueryResult {
     pub truncated: bool,
 }
 
+/// A read-only connection for operators' queries.
+pub struct ReadOnlyDb(Connection);
+
 /// Opens a read-only connection suitable for [`run_readonly`].
-pub fn open_readonly(path: &Path) -> rusqlite::Result<Connection> {
+pub fn open_readonly(path: &Path) -> rusqlite::Result<ReadOnlyDb> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -61,7 +64,7 @@ pub fn open_readonly(path: &Path) -> rusqlite::Result<Connection> {
         }
         _ => Authorization::Deny,
     }));
-    Ok(conn)
+    Ok(ReadOnlyDb(conn))
 }
 
 fn first_keyword(sql: &str) -> String {
@@ -121,7 +124,7 @@ fn has_second_statement(sql: &str) -> bool {
 
 /// Runs one read-only statement with a deadline and a row limit.
 pub fn run_readonly(
-    conn: &Connection,
+    conn: &ReadOnlyDb,
     sql: &str,
     time_limit: Duration,
     max_rows: usize,
@@ -138,6 +141,7 @@ pub fn run_readonly(
         ));
     }
     let deadline = Instant::now() + time_limit;
+    let conn = &conn.0;
     conn.progress_handler(1000, Some(move || Instant::now() > deadline));
     let res = run_inner(conn, sql, max_rows);
     conn.progress_handler(0, None::<fn() -> bool>);
@@ -206,11 +210,12 @@ fn run_inner(conn: &Connection, sql: &str, max_rows: usize) -> rusqlite::Result<
 mod tests {
     use super::*;
 
-    fn db() -> (tempfile::TempDir, Connection) {
+    fn db() -> (tempfile::TempDir, ReadOnlyDb) {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("c.sqlite3");
-        let w = crate::open(&p).expect("open");
-        w.execute("INSERT INTO meta(key, value) VALUES ('x', 1)", [])
+        let w = crate::Db::open(&p).expect("open");
+        w.conn
+            .execute("INSERT INTO meta(key, value) VALUES ('x', 1)", [])
             .expect("insert");
         drop(w);
         let r = open_readonly(&p).expect("ro");

@@ -272,4 +272,16 @@ BEGIN
 END;
 "#,
     ),
+    (
+        "0004_federated_child_cancels",
+        r#"
+-- A cancel of a child of a handed-off root, re-driven by the sync loop until the peer confirms
+-- (the mirror shows the child ended, or the peer does not know it).
+CREATE TABLE federated_child_cancels (
+    job_id TEXT PRIMARY KEY,
+    peer_id TEXT NOT NULL,
+    requested_at_ms INTEGER NOT NULL
+);
+"#,
+    ),
 ];

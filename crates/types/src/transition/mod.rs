@@ -6,6 +6,12 @@
 
 use crate::state::{JobState, TaskState};
 
+mod job;
+pub use job::{
+    job_transition, orphaned_attempt_on_worker_loss, terminates_children, ErrorUpdate, JobEvent,
+    JobRejected, JobStep,
+};
+
 /// The current attempt of a task, as the state machine needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttemptCtx {

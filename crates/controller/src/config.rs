@@ -1,0 +1,90 @@
+//! Controller settings.
+
+use crate::{auth, checkpoint, federation};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Capacity a scale group can provide, used for the submit-time feasibility check.
+#[derive(Clone, Debug)]
+pub struct GroupCapacity {
+    pub name: String,
+    /// What one worker of the group offers.
+    pub capacity: iris_types::Resources,
+    /// One worker's attributes; `device-type` and `device-variant` (`cpu` for CPU workers)
+    /// say which accelerator it has.
+    pub attributes: std::collections::BTreeMap<String, iris_types::AttrValue>,
+    /// Workers the group can grow to.
+    pub max_workers: u32,
+}
+
+impl GroupCapacity {
+    /// One of the group's workers as the scheduler sees it: healthy, not pooled.
+    pub(crate) fn worker(&self, id: String) -> iris_scheduler::Worker {
+        let device_variant = match self.attributes.get("device-variant") {
+            Some(iris_types::AttrValue::Str(v)) if !v.eq_ignore_ascii_case("cpu") => {
+                v.to_ascii_lowercase()
+            }
+            _ => String::new(),
+        };
+        iris_scheduler::Worker {
+            id,
+            total: self.capacity.clone(),
+            attributes: self.attributes.clone(),
+            healthy: true,
+            device_variant,
+            pooled: false,
+        }
+    }
+}
+
+/// Controller settings.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    pub state_dir: PathBuf,
+    pub bind: SocketAddr,
+    /// The controller's revision date (`YYYY-MM-DD`) for the client freshness gate.
+    pub revision_date: Option<String>,
+    /// A worker is failed after this long without a successful reconcile (and ≥3 failures).
+    pub worker_grace: Duration,
+    pub reconcile_interval: Duration,
+    /// Declared scale groups: a job no group and no worker could ever host is refused at submit.
+    pub groups: Vec<GroupCapacity>,
+    /// Query limits for `ExecuteRawQuery`.
+    pub query_time_limit: Duration,
+    pub query_max_rows: usize,
+    /// Where checkpoints and the rollout record live: a local path or a `file://`, `s3://` or
+    /// `gs://` URL. `None`: no checkpoints.
+    pub remote_state_dir: Option<String>,
+    /// Take a checkpoint this often (`None`: only on `BeginCheckpoint`).
+    pub checkpoint_interval: Option<Duration>,
+    /// Checkpoint directories older than this are pruned after each checkpoint.
+    pub checkpoint_max_age: Duration,
+    /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
+    pub restore_checkpoint: Option<String>,
+    /// `auth.*`; `None`: null-auth, every caller is the anonymous admin.
+    pub auth: Option<auth::AuthConfig>,
+    /// This cluster's name and its federation peers (none: no federation).
+    pub federation: federation::FederationConfig,
+}
+
+impl ControllerConfig {
+    pub fn local(state_dir: PathBuf) -> Self {
+        ControllerConfig {
+            state_dir,
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            revision_date: None,
+            auth: None,
+            worker_grace: Duration::from_secs(10),
+            reconcile_interval: Duration::from_secs(1),
+            groups: Vec::new(),
+            query_time_limit: Duration::from_secs(10),
+            query_max_rows: 10_000,
+            remote_state_dir: None,
+            checkpoint_interval: None,
+            checkpoint_max_age: checkpoint::DEFAULT_MAX_AGE,
+            restore_checkpoint: None,
+            federation: federation::FederationConfig::default(),
+        }
+    }
+}

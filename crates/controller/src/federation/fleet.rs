@@ -1,0 +1,173 @@
+//! What this cluster offers: `ListBackends` (the worker fleet as one backend, plus in-process
+//! backends) and the Kubernetes status.
+
+use crate::error::{Error, Result};
+use crate::Controller;
+use iris_federation as fed;
+use iris_proto::cluster::controller as c;
+use iris_rpc::Code;
+use iris_types::Band;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+impl Controller {
+    pub(crate) async fn list_backends(
+        &self,
+        _req: c::ListBackendsRequest,
+    ) -> Result<c::ListBackendsResponse> {
+        let mut backends = Vec::new();
+        {
+            let conn = self.db();
+            let fleet = self.worker_backend(&*conn)?;
+            // A fleet with no daemons next to an in-process backend is not a backend.
+            if fleet.worker_count > 0 || self.backend_list().is_empty() {
+                backends.push(fleet);
+            }
+        }
+        for b in self.backend_list() {
+            backends.push(b.summary().await?);
+        }
+        Ok(c::ListBackendsResponse {
+            backends,
+            unroutable_job_count: 0,
+            unroutable_sample: Vec::new(),
+        })
+    }
+
+    /// The worker fleet as a backend: advertised attributes (union over healthy workers) and GPU
+    /// availability per variant. Unlike the reference's worker backend, `held_by_band` is
+    /// reported (GPUs held by running attempts, by band), so a hub can see what a higher band
+    /// could reclaim here by preemption.
+    fn worker_backend(&self, conn: &impl iris_store::Read) -> Result<c::BackendSummary> {
+        let workers = crate::tick::load_workers(conn)?;
+        let mut advertised: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut total: BTreeMap<String, i64> = BTreeMap::new();
+        let mut healthy = 0;
+        let mut variant_of: HashMap<String, String> = HashMap::new();
+        let inproc: BTreeSet<String> = self.backend_list().iter().map(|b| b.worker_id()).collect();
+        let workers: Vec<_> = workers
+            .into_iter()
+            .filter(|w| !inproc.contains(&w.id))
+            .collect();
+        for w in &workers {
+            if !w.healthy {
+                continue;
+            }
+            healthy += 1;
+            for (k, v) in &w.attributes {
+                let s = match v {
+                    iris_types::AttrValue::Str(s) => s.trim().to_lowercase(),
+                    iris_types::AttrValue::Int(i) => i.to_string(),
+                    iris_types::AttrValue::Float(f) => f.to_string(),
+                };
+                advertised.entry(k.clone()).or_default().insert(s);
+            }
+            if w.total.gpu > 0 && !w.device_variant.is_empty() {
+                let v = w.device_variant.to_lowercase();
+                *total.entry(v.clone()).or_default() += w.total.gpu;
+                advertised
+                    .entry(format!("availability:{v}"))
+                    .or_default()
+                    .insert("true".into());
+                variant_of.insert(w.id.clone(), v);
+            }
+        }
+        let mut held: BTreeMap<i32, BTreeMap<String, i64>> = BTreeMap::new();
+        let mut committed: BTreeMap<String, i64> = BTreeMap::new();
+        let mut running = 0;
+        {
+            for h in iris_store::snapshot::holdings(conn)? {
+                running += 1;
+                let Some(v) = variant_of.get(&h.worker_id) else {
+                    continue;
+                };
+                let Some(spec) = self.spec(conn, &h.job_id)? else {
+                    continue;
+                };
+                let gpus = spec.resources.gpu;
+                if gpus <= 0 {
+                    continue;
+                }
+                *committed.entry(v.clone()).or_default() += gpus;
+                *held
+                    .entry(h.band)
+                    .or_default()
+                    .entry(v.clone())
+                    .or_default() += gpus;
+            }
+        }
+        let pending = iris_store::snapshot::waiting_count(conn)?;
+        let amounts = total
+            .iter()
+            .map(|(v, t)| {
+                (
+                    v.clone(),
+                    (t - committed.get(v).copied().unwrap_or(0)).max(0),
+                )
+            })
+            .collect();
+        let mut held_by_band: Vec<c::BandCapacity> = held
+            .into_iter()
+            .filter(|(b, _)| Band::from_code(*b).is_some())
+            .map(|(band, amounts)| c::BandCapacity { band, amounts })
+            .collect();
+        held_by_band.sort_by_key(|h| Band::from_code(h.band).map(|b| b.rank()).unwrap_or(9));
+        Ok(c::BackendSummary {
+            backend_id: "workers".into(),
+            name: "workers".into(),
+            kind: "worker".into(),
+            capabilities: Vec::new(),
+            advertised_attributes: advertised
+                .into_iter()
+                .map(|(k, v)| {
+                    (
+                        k,
+                        iris_proto::cluster::StringList {
+                            values: v.into_iter().collect(),
+                        },
+                    )
+                })
+                .collect(),
+            scale_groups: self.cfg.groups.iter().map(|g| g.name.clone()).collect(),
+            worker_count: healthy,
+            pending_task_count: pending as i32,
+            running_task_count: running,
+            has_autoscaler: false,
+            capacity_health: Default::default(),
+            detail: Some(c::BackendStatus {
+                detail: Some(c::backend_status::Detail::Worker(c::WorkerFleetDetail {
+                    autoscaler: None,
+                    healthy_worker_count: healthy,
+                    total_worker_count: workers.len() as i32,
+                })),
+            }),
+            availability: Some(c::ResourceAvailability {
+                version: fed::AVAILABILITY_VERSION,
+                observation_epoch_ms: iris_store::now_ms(),
+                amounts,
+                total_amounts: total,
+                held_by_band,
+            }),
+        })
+    }
+
+    /// `GetKubernetesClusterStatus`: the Kubernetes backend's cluster view.
+    pub(crate) async fn get_kubernetes_cluster_status(
+        &self,
+        req: c::GetKubernetesClusterStatusRequest,
+    ) -> Result<c::GetKubernetesClusterStatusResponse> {
+        for b in self.backend_list() {
+            if !req.backend_id.is_empty() && b.worker_id() != req.backend_id {
+                continue;
+            }
+            let s = b.summary().await?;
+            if let Some(c::backend_status::Detail::Kubernetes(k)) = s.detail.and_then(|d| d.detail)
+            {
+                return Ok(k);
+            }
+        }
+        Err(Error::new(
+            Code::FailedPrecondition,
+            "this controller has no Kubernetes backend (kubernetes_provider is not configured)",
+        ))
+    }
+}

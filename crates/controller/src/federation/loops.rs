@@ -1,0 +1,377 @@
+//! The per-peer loops: heartbeats (`ListBackends`) and sync rounds (deliver promoted jobs,
+//! re-drive cancels, pull `FederationSync` and mirror it).
+
+use super::{AUTH_FAILURE_VERDICT, CONTROLLER, DELIVERY_BATCH, DELIVERY_CONCURRENCY};
+use crate::error::{Error, Result};
+use crate::{lock, Controller};
+use iris_federation as fed;
+use iris_proto::cluster::controller as c;
+use iris_proto::job;
+use iris_rpc::{Code, RpcError};
+use iris_store::federation as sf;
+use iris_store::mirror;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Starts the heartbeat and sync loops for every configured peer.
+pub(crate) fn start(ctl: &Arc<Controller>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    for p in &ctl.fed.cfg.peers {
+        tokio::spawn(heartbeat_loop(ctl.clone(), p.id.clone(), shutdown.clone()));
+        tokio::spawn(sync_loop(ctl.clone(), p.id.clone(), shutdown.clone()));
+    }
+}
+
+async fn heartbeat_loop(
+    ctl: Arc<Controller>,
+    peer: String,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let r = ctl
+            .peer_call::<_, c::ListBackendsResponse>(
+                &peer,
+                CONTROLLER,
+                "ListBackends",
+                &c::ListBackendsRequest {},
+                Duration::from_secs(10),
+            )
+            .await;
+        {
+            let mut peers = lock(&ctl.fed.peers);
+            let rt = peers.entry(peer.clone()).or_default();
+            match r {
+                Ok(resp) => {
+                    if !rt.reachable {
+                        tracing::info!(peer = %peer, "federation peer reachable");
+                    }
+                    rt.reachable = true;
+                    rt.refused = None;
+                    rt.last_contact_ms = iris_store::now_ms();
+                    rt.backends = resp.backends;
+                }
+                Err(e) => {
+                    if rt.reachable {
+                        tracing::warn!(peer = %peer, error = %e.message, "federation peer unreachable");
+                    }
+                    rt.reachable = false;
+                    rt.refused = matches!(e.code, Code::Unauthenticated | Code::PermissionDenied)
+                        .then(|| e.message.clone());
+                }
+            }
+        }
+        // New capacity numbers: let the tick place queued jobs now.
+        ctl.wake();
+        tokio::select! {
+            _ = tokio::time::sleep(ctl.fed.cfg.heartbeat_interval) => {}
+            _ = shutdown.wait_for(|v| *v) => return,
+        }
+    }
+}
+
+async fn sync_loop(
+    ctl: Arc<Controller>,
+    peer: String,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let Some(poke) = ctl.fed.pokes.get(&peer).cloned() else {
+        return;
+    };
+    loop {
+        let wait = match sync_round(&ctl, &peer).await {
+            // Just delivered: the peer starts those jobs within moments, so look again soon
+            // instead of leaving the hub's view a whole interval behind.
+            Ok(delivered) if delivered > 0 => ctl.fed.cfg.sync_interval.min(QUICK_PULL),
+            Ok(_) => ctl.fed.cfg.sync_interval,
+            Err(e) => {
+                tracing::debug!(peer = %peer, error = %e, "federation sync round");
+                ctl.fed.cfg.sync_interval
+            }
+        };
+        tokio::select! {
+            _ = poke.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|v| *v) => return,
+        }
+    }
+}
+
+/// The pull after a round that delivered jobs comes this soon.
+const QUICK_PULL: Duration = Duration::from_millis(200);
+
+/// One round for one peer: deliver promoted jobs, re-drive cancels, then pull state. Returns how
+/// many jobs it delivered.
+async fn sync_round(ctl: &Arc<Controller>, peer: &str) -> Result<usize> {
+    let client = ctl.peer_client(peer)?;
+    let mut delivered = 0;
+    loop {
+        let batch = {
+            let conn = ctl.db();
+            sf::deliveries(&*conn, peer, DELIVERY_BATCH)?
+        };
+        if batch.is_empty() {
+            break;
+        }
+        let n = batch.len();
+        delivered += n;
+        deliver(ctl, &client, peer, batch).await;
+        if n < DELIVERY_BATCH {
+            break;
+        }
+    }
+    // Cancels of handed-off roots and of their children, until the mirror shows them ended.
+    let (roots, children) = {
+        let conn = ctl.db();
+        (
+            sf::pending_cancels(&*conn, peer)?,
+            sf::pending_child_cancels(&*conn, peer)?,
+        )
+    };
+    let mut gone = Vec::new();
+    for job_id in roots.into_iter().chain(children) {
+        let r = client
+            .call::<_, job::Empty>(
+                CONTROLLER,
+                "TerminateJob",
+                &c::TerminateJobRequest {
+                    job_id: job_id.clone(),
+                },
+                Duration::from_secs(30),
+            )
+            .await;
+        if let Err(e) = r {
+            if e.code == Code::NotFound {
+                gone.push(job_id);
+            }
+        }
+    }
+    if !gone.is_empty() {
+        let mut conn = ctl.db();
+        let tx = conn.begin()?;
+        for job_id in &gone {
+            mirror::kill_mirrored(
+                &tx,
+                job_id,
+                "Cancelled (peer reported the job gone)",
+                iris_store::now_ms(),
+            )?;
+        }
+        tx.commit()?;
+    }
+    pull(ctl, &client, peer).await?;
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin()?;
+        sf::settle_child_cancels(&tx, peer, &gone)?;
+        tx.commit()?;
+    }
+    Ok(delivered)
+}
+
+async fn deliver(
+    ctl: &Arc<Controller>,
+    client: &iris_rpc::Client,
+    peer: &str,
+    batch: Vec<sf::Delivery>,
+) {
+    use futures::StreamExt;
+    let me = ctl.fed.cfg.cluster_name.clone();
+    let results: Vec<(String, std::result::Result<(), RpcError>)> = futures::stream::iter(batch)
+        .map(|d| {
+            let client = client.clone();
+            let me = me.clone();
+            let ctl = ctl.clone();
+            async move {
+                let job_id = d.job_id.clone();
+                let r = async {
+                    let req = ctl.handoff_request(&me, &d).map_err(|e| e.to_wire())?;
+                    client
+                        .call::<_, c::LaunchJobResponse>(
+                            CONTROLLER,
+                            "LaunchJob",
+                            &req,
+                            Duration::from_secs(180),
+                        )
+                        .await
+                        .map(|_| ())
+                }
+                .await;
+                (job_id, r)
+            }
+        })
+        .buffer_unordered(DELIVERY_CONCURRENCY)
+        .collect()
+        .await;
+    let now = iris_store::now_ms();
+    let mut conn = ctl.db();
+    let Ok(tx) = conn.begin() else {
+        return;
+    };
+    for (job_id, r) in results {
+        let outcome = match r {
+            Ok(()) => {
+                lock(&ctl.fed.auth_failures).remove(&job_id);
+                sf::mark_handed_off(&tx, &job_id, now).map(|_| ())
+            }
+            Err(e) => {
+                let verdict = match e.code {
+                    Code::AlreadyExists | Code::PermissionDenied | Code::InvalidArgument => true,
+                    Code::Unauthenticated => {
+                        let mut fails = lock(&ctl.fed.auth_failures);
+                        let n = fails.entry(job_id.clone()).or_default();
+                        *n += 1;
+                        if *n >= AUTH_FAILURE_VERDICT {
+                            fails.remove(&job_id);
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                    _ => false,
+                };
+                let msg = format!("Peer {peer} rejected the handoff: {}", e.message);
+                if verdict {
+                    tracing::warn!(job = %job_id, peer = %peer, error = %e.message, "handoff rejected");
+                    sf::mark_rejected(&tx, &job_id, &msg, now).map(|_| ())
+                } else {
+                    sf::note_error(&tx, &job_id, &format!("delivery to {peer}: {}", e.message))
+                }
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::error!(job = %job_id, error = %e, "recording a handoff outcome");
+        }
+    }
+    if let Err(e) = tx.commit() {
+        tracing::error!(error = %e, "committing handoff outcomes");
+    }
+}
+
+impl Controller {
+    /// The request a peer receives: the stored, normalised request with the same job id, no
+    /// `cluster` constraints, the federation identity, and the bundle inlined as bytes
+    /// (workdir files already travel inline in the stored request).
+    fn handoff_request(&self, me: &str, d: &sf::Delivery) -> Result<c::LaunchJobRequest> {
+        let mut req = <c::LaunchJobRequest as prost::Message>::decode(d.request_blob.as_slice())
+            .map_err(|e| {
+                Error::internal(format!("stored request for {} is corrupt: {e}", d.job_id))
+            })?;
+        req.name = d.job_id.clone();
+        req.constraints.retain(|k| k.key != fed::CLUSTER_KEY);
+        if !req.bundle_id.is_empty() {
+            let path = self.cfg.state_dir.join("bundles").join(&req.bundle_id);
+            req.bundle_blob = std::fs::read(&path).map_err(|e| {
+                Error::internal(format!(
+                    "reading bundle {} for {}: {e}",
+                    req.bundle_id, d.job_id
+                ))
+            })?;
+            req.bundle_id.clear();
+        }
+        req.federation = Some(c::FederationHandoff {
+            requester_id: me.to_string(),
+            owner_principal: d.owner.clone(),
+            submitting_user: d.submitting_user.clone(),
+            handoff_nonce: d.nonce.clone(),
+        });
+        Ok(req)
+    }
+}
+
+/// Pulls `FederationSync` from a peer and mirrors it in one transaction.
+async fn pull(ctl: &Arc<Controller>, client: &iris_rpc::Client, peer: &str) -> Result<()> {
+    let cursor = {
+        let conn = ctl.db();
+        sf::cursor(&*conn, peer)?
+    };
+    let resp: c::FederationSyncResponse = client
+        .call(
+            CONTROLLER,
+            "FederationSync",
+            &c::FederationSyncRequest {
+                requester_id: ctl.fed.cfg.cluster_name.clone(),
+                cursor: cursor.clone(),
+                budget_policy: None,
+            },
+            Duration::from_secs(60),
+        )
+        .await?;
+    if resp.deltas.is_empty() && resp.next_cursor == cursor {
+        return Ok(());
+    }
+    let now = iris_store::now_ms();
+    let mut conn = ctl.db();
+    let tx = conn.begin()?;
+    for d in &resp.deltas {
+        if !sf::root_sent_to(&tx, &d.job_id, peer)? {
+            tracing::warn!(job = %d.job_id, peer = %peer, "ignoring a delta for a job not handed to this peer");
+            continue;
+        }
+        if d.tombstone {
+            mirror::delete_mirrored(&tx, &d.job_id)?;
+            continue;
+        }
+        if let Some((job, tasks)) = mirror_of(d) {
+            mirror::apply_mirror(&tx, peer, &job, &tasks, now)?;
+        }
+    }
+    sf::set_cursor(&tx, peer, &resp.next_cursor)?;
+    tx.commit()?;
+    Ok(())
+}
+
+fn ms(t: &Option<iris_proto::time::Timestamp>) -> Option<i64> {
+    t.as_ref().map(|t| t.epoch_ms).filter(|m| *m > 0)
+}
+
+fn mirror_of(d: &c::FederationJobDelta) -> Option<(mirror::MirrorJob, Vec<mirror::MirrorTask>)> {
+    let s = d.summary.as_ref()?;
+    let job = mirror::MirrorJob {
+        job_id: d.job_id.clone(),
+        state: s.state,
+        error: (!s.error.is_empty()).then(|| s.error.clone()),
+        exit_code: Some(s.exit_code),
+        started_at_ms: ms(&s.started_at),
+        finished_at_ms: ms(&s.finished_at),
+        num_tasks: s.task_count as i64,
+    };
+    let tasks = d
+        .changed_tasks
+        .iter()
+        .filter_map(|t| {
+            let index = t.task_id.rsplit('/').next()?.parse().ok()?;
+            Some(mirror::MirrorTask {
+                task_index: index,
+                state: t.state,
+                error: (!t.error.is_empty()).then(|| t.error.clone()),
+                exit_code: Some(t.exit_code),
+                started_at_ms: ms(&t.started_at),
+                finished_at_ms: ms(&t.finished_at),
+                current_attempt_id: t.current_attempt_id as i64,
+                worker_address: t.worker_address.clone(),
+                status_message: Some(if t.pending_reason.is_empty() {
+                    t.status_message.clone()
+                } else {
+                    t.pending_reason.clone()
+                })
+                .filter(|s| !s.is_empty()),
+                attempts: t
+                    .attempts
+                    .iter()
+                    .map(|a| mirror::MirrorAttempt {
+                        attempt_id: a.attempt_id as i64,
+                        state: a.state,
+                        started_at_ms: ms(&a.started_at),
+                        finished_at_ms: ms(&a.finished_at),
+                        exit_code: Some(a.exit_code),
+                        error: (!a.error.is_empty()).then(|| a.error.clone()),
+                        attempt_uid: a.attempt_uid.clone(),
+                        worker_id: a.worker_id.clone(),
+                        terminal_reason: (!a.terminal_reason.is_empty())
+                            .then(|| a.terminal_reason.clone()),
+                    })
+                    .collect(),
+            })
+        })
+        .collect();
+    Some((job, tasks))
+}

@@ -1,0 +1,142 @@
+//! Peer side: may a requester hand us a job (reference §1.6), which jobs a requester may act
+//! on, and the `FederationSync` answer built from the change log.
+
+use crate::error::{Error, Result};
+use crate::{lock, views, Controller};
+use iris_federation as fed;
+use iris_proto::cluster::controller as c;
+use iris_rpc::Code;
+use iris_store::federation as sf;
+
+impl Controller {
+    /// Peer side: may this caller hand us this job? (reference §1.6 "Peer side").
+    pub(crate) fn check_handoff(
+        &self,
+        name: &iris_types::JobName,
+        f: &c::FederationHandoff,
+    ) -> Result<()> {
+        if !name.is_root() {
+            return Err(Error::invalid(format!(
+                "federation: job {name} is not a root job; only whole root jobs are handed off"
+            )));
+        }
+        if f.requester_id.trim().is_empty() {
+            return Err(Error::invalid(
+                "federation.requester_id: the handing-off cluster's name is required",
+            ));
+        }
+        let Some(auth) = &self.cfg.auth else {
+            return Ok(());
+        };
+        let caller = crate::auth::caller();
+        let denied = |m: String| Err(Error::new(Code::PermissionDenied, m));
+        if f.submitting_user.is_empty() || f.submitting_user == "local_admin" {
+            return denied(format!(
+                "federation: job {name} was submitted by the anonymous admin ({:?}) of {}; only verified users' jobs may be handed off",
+                f.submitting_user, f.requester_id
+            ));
+        }
+        match caller.role {
+            iris_auth::Role::FederationPeer => {
+                if caller.user_id != f.requester_id {
+                    return denied(format!(
+                        "federation.requester_id {:?} does not match the caller's token issuer {:?}",
+                        f.requester_id, caller.user_id
+                    ));
+                }
+                if !fed::submitter_admitted(&auth.allowed_submitters, &f.submitting_user) {
+                    return denied(format!(
+                        "submitter {:?} is not in this cluster's auth.allowed_submitters",
+                        f.submitting_user
+                    ));
+                }
+                Ok(())
+            }
+            iris_auth::Role::Admin => Ok(()),
+            _ => denied(format!(
+                "federation: the handoff field may only be set by a trusted peer (you are {} with role {})",
+                caller.user_id,
+                caller.role.name()
+            )),
+        }
+    }
+
+    /// A federation-peer caller may only touch jobs it handed to us.
+    pub(crate) fn check_received_from(&self, job_id: &str, requester: &str) -> Result<()> {
+        let conn = self.db();
+        let h = sf::root_handle(&*conn, job_id)?;
+        match h {
+            Some(h) if h.direction == sf::RECEIVED && h.peer_id == requester => Ok(()),
+            _ => Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "{job_id}: permission denied: peer {requester} did not hand this job to us"
+                ),
+            )),
+        }
+    }
+
+    /// Peer side of `FederationSync` (reference §1.7).
+    pub(crate) async fn federation_sync(
+        &self,
+        req: c::FederationSyncRequest,
+    ) -> Result<c::FederationSyncResponse> {
+        let caller = crate::auth::caller();
+        if caller.role == iris_auth::Role::FederationPeer && caller.user_id != req.requester_id {
+            return Err(Error::new(
+                Code::PermissionDenied,
+                format!(
+                    "FederationSync: requester_id {:?} does not match the caller's token issuer {:?}",
+                    req.requester_id, caller.user_id
+                ),
+            ));
+        }
+        let conn = self.db();
+        let ch = sf::changes_since(&*conn, &req.requester_id, &req.cursor)?;
+        let reasons = lock(&self.pending_reasons).clone();
+        let mut deltas = Vec::with_capacity(ch.jobs.len());
+        for (job_id, what) in ch.jobs {
+            let summary = match what {
+                None => None,
+                Some(_) => views::job(&*conn, &job_id, &reasons)?,
+            };
+            let Some(summary) = summary else {
+                deltas.push(c::FederationJobDelta {
+                    job_id,
+                    summary: None,
+                    changed_tasks: Vec::new(),
+                    tombstone: true,
+                });
+                continue;
+            };
+            let indexes: Option<Vec<i64>> = what.flatten();
+            let mut changed_tasks = Vec::new();
+            for t in views::tasks_of_job(&*conn, &job_id, &reasons)? {
+                let idx: i64 = t
+                    .task_id
+                    .rsplit('/')
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(-1);
+                if indexes.as_ref().map(|v| v.contains(&idx)).unwrap_or(true) {
+                    if let Some(full) = views::task(&*conn, &t.task_id, &reasons)? {
+                        changed_tasks.push(full);
+                    }
+                }
+            }
+            deltas.push(c::FederationJobDelta {
+                job_id,
+                summary: Some(summary),
+                changed_tasks,
+                tombstone: false,
+            });
+        }
+        Ok(c::FederationSyncResponse {
+            deltas,
+            next_cursor: ch.max_seq.to_string(),
+            cursor_stale: ch.stale,
+            endpoints: Vec::new(),
+            budget_usage: None,
+        })
+    }
+}

@@ -1,0 +1,278 @@
+//! Job-level transitions: every write of `jobs.state` is a [`JobEvent`] applied here through
+//! `iris_types::job_transition`, and whatever the step implies for the job's tasks goes through
+//! the task state machine.
+
+use super::task::{apply_raw, Finish};
+use crate::sets::{JOB_TERMINAL, TASK_FAILED_ENDS, TASK_TERMINAL};
+use crate::{Result, Tx};
+use iris_types::{
+    job_state, job_transition, terminates_children, ErrorUpdate, JobCtx, JobEvent, JobRejected,
+    JobState, TaskEvent, TaskState,
+};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::sync::LazyLock;
+
+const CONTROLLER: &str = "iris/controller";
+
+/// Applies one job event (no recomputation, no children). Returns the new state, or `None` when
+/// the job does not exist or the event does not apply.
+pub(crate) fn apply_job_raw(
+    tx: &Connection,
+    job_id: &str,
+    event: &JobEvent,
+    now: i64,
+) -> Result<Option<JobState>> {
+    let cur: Option<i32> = tx
+        .prepare_cached("SELECT state FROM jobs WHERE job_id = ?1")?
+        .query_row([job_id], |r| r.get(0))
+        .optional()?;
+    let Some(cur) = cur else { return Ok(None) };
+    let cur = JobState::from_code(cur).unwrap_or(JobState::Unspecified);
+    let step = match job_transition(cur, event) {
+        Ok(s) => s,
+        Err(JobRejected::NoChange) | Err(JobRejected::Terminal(_)) => return Ok(None),
+        Err(e @ JobRejected::Illegal { .. }) => {
+            super::note_illegal("job", job_id, &e.to_string());
+            return Ok(None);
+        }
+    };
+    let (error_mode, error) = match &step.error {
+        ErrorUpdate::Keep => (0, None),
+        ErrorUpdate::Clear => (1, None),
+        ErrorUpdate::Set(e) => (2, Some(e.as_str())),
+    };
+    tx.prepare_cached(
+        "UPDATE jobs SET state = ?2,
+            error = CASE ?3 WHEN 0 THEN error WHEN 1 THEN NULL ELSE ?4 END,
+            started_at_ms = CASE WHEN ?5 THEN COALESCE(started_at_ms, ?7) ELSE started_at_ms END,
+            finished_at_ms = CASE WHEN ?6 THEN COALESCE(finished_at_ms, ?7) ELSE finished_at_ms END
+         WHERE job_id = ?1",
+    )?
+    .execute(params![
+        job_id,
+        step.state.code(),
+        error_mode,
+        error,
+        step.stamp_started,
+        step.stamp_finished,
+        now
+    ])?;
+    let task_event = if let Some(reason) = &step.kill_tasks {
+        Some(TaskEvent::Kill {
+            reason: reason.clone(),
+        })
+    } else if let Some(reason) = &step.finalize_tasks {
+        Some(TaskEvent::JobFinalized {
+            reason: reason.clone(),
+        })
+    } else if step.complete_tasks {
+        Some(TaskEvent::Complete)
+    } else {
+        None
+    };
+    if let Some(ev) = task_event {
+        let exit = step.complete_tasks.then_some(0);
+        for t in unfinished_tasks(tx, job_id)? {
+            apply_raw(tx, &t, &ev, exit, Finish::AwaitWorker, now, CONTROLLER)?;
+        }
+    }
+    Ok(Some(step.state))
+}
+
+/// Applies a job event that is not about its tasks (federation verdicts). Returns whether it
+/// applied.
+pub fn apply_job_event(tx: &Tx<'_>, job_id: &str, event: &JobEvent, now: i64) -> Result<bool> {
+    Ok(apply_job_raw(&tx.tx, job_id, event, now)?.is_some())
+}
+
+static FIRST_ERROR: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT error FROM tasks WHERE job_id = ?1 AND error IS NOT NULL AND state IN {}
+         ORDER BY (state = {}) DESC, finished_at_ms, task_index LIMIT 1",
+        *TASK_FAILED_ENDS,
+        TaskState::Failed.code()
+    )
+});
+static FAILED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT count(*) FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+         WHERE t.job_id = ?1 AND a.state = {}",
+        TaskState::Failed.code()
+    )
+});
+static FIRST_FAILED_ATTEMPT_ERROR: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT a.error FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+         WHERE t.job_id = ?1 AND a.state = {} ORDER BY a.finished_at_ms, a.task_id LIMIT 1",
+        TaskState::Failed.code()
+    )
+});
+
+/// Recomputes a job's state from its tasks (§2.6) and applies it as [`JobEvent::Recomputed`];
+/// a job that went terminal finalizes its remaining tasks and, per its preemption policy, its
+/// descendants.
+pub(crate) fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
+    let row: Option<(i32, bool, i64, i32, i64)> = tx
+        .prepare_cached(
+            "SELECT j.state, j.started_at_ms IS NOT NULL, c.max_task_failures, c.preemption_policy, j.num_tasks
+             FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
+        )?
+        .query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .optional()?;
+    let Some((cur, started, max_task_failures, policy, num_tasks)) = row else {
+        return Ok(());
+    };
+    let cur = JobState::from_code(cur).unwrap_or(JobState::Unspecified);
+    if cur.is_terminal() {
+        return Ok(());
+    }
+    let states: Vec<TaskState> = {
+        let mut st =
+            tx.prepare_cached("SELECT state FROM tasks WHERE job_id = ?1 ORDER BY task_index")?;
+        let rows = st.query_map([job_id], |r| r.get::<_, i32>(0))?;
+        rows.map(|r| r.map(|c| TaskState::from_code(c).unwrap_or(TaskState::Unspecified)))
+            .collect::<std::result::Result<_, _>>()?
+    };
+    let failed_attempts: i64 = tx
+        .prepare_cached(&FAILED_ATTEMPTS)?
+        .query_row([job_id], |r| r.get(0))?;
+    let first_error: Option<String> = tx
+        .prepare_cached(&FIRST_ERROR)?
+        .query_row([job_id], |r| r.get(0))
+        .optional()?
+        .flatten();
+    let first_failed_attempt_error: Option<String> = if failed_attempts > 0 {
+        tx.prepare_cached(&FIRST_FAILED_ATTEMPT_ERROR)?
+            .query_row([job_id], |r| r.get(0))
+            .optional()?
+            .flatten()
+    } else {
+        None
+    };
+    let err_src = first_failed_attempt_error.or(first_error);
+    let (next, error) = job_state(&JobCtx {
+        tasks: &states,
+        failed_attempts: failed_attempts as u32,
+        max_task_failures: max_task_failures.max(0) as u32,
+        ever_started: started,
+        first_error: err_src.as_deref(),
+    });
+    if next == cur && (next != JobState::Running || started) {
+        return Ok(());
+    }
+    let applied = apply_job_raw(tx, job_id, &JobEvent::Recomputed { next, error }, now)?;
+    if applied.is_some_and(|s| s.is_terminal()) && terminates_children(next, policy, num_tasks) {
+        for c in unfinished_children(tx, job_id)? {
+            kill_subtree_raw(
+                tx,
+                &c,
+                "Parent job terminated",
+                "Parent job terminated",
+                now,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+static UNFINISHED_TASKS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT task_id FROM tasks WHERE job_id = ?1 AND state NOT IN {} ORDER BY task_index",
+        *TASK_TERMINAL
+    )
+});
+static UNFINISHED_CHILDREN: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT job_id FROM jobs WHERE parent_job_id = ?1 AND state NOT IN {}",
+        *JOB_TERMINAL
+    )
+});
+
+/// The job's tasks that are not terminal, in index order.
+pub(crate) fn unfinished_tasks(tx: &Connection, job_id: &str) -> Result<Vec<String>> {
+    let mut st = tx.prepare_cached(&UNFINISHED_TASKS)?;
+    let rows = st.query_map([job_id], |r| r.get(0))?;
+    Ok(rows.collect::<std::result::Result<_, _>>()?)
+}
+
+/// The job's direct children that are not terminal.
+fn unfinished_children(tx: &Connection, job_id: &str) -> Result<Vec<String>> {
+    let mut st = tx.prepare_cached(&UNFINISHED_CHILDREN)?;
+    let rows = st.query_map([job_id], |r| r.get(0))?;
+    Ok(rows.collect::<std::result::Result<_, _>>()?)
+}
+
+/// Kills a job and all its descendants (§2.7). Returns false if the job does not exist.
+pub fn kill_subtree(
+    tx: &Tx<'_>,
+    job_id: &str,
+    root_reason: &str,
+    child_reason: &str,
+    now: i64,
+) -> Result<bool> {
+    kill_subtree_raw(&tx.tx, job_id, root_reason, child_reason, now)
+}
+
+pub(crate) fn kill_subtree_raw(
+    tx: &Connection,
+    job_id: &str,
+    root_reason: &str,
+    child_reason: &str,
+    now: i64,
+) -> Result<bool> {
+    let jobs: Vec<String> = {
+        let mut st = tx.prepare_cached(
+            "SELECT job_id FROM jobs WHERE job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/'
+             ORDER BY depth",
+        )?;
+        let rows = st.query_map([job_id], |r| r.get(0))?;
+        rows.collect::<std::result::Result<_, _>>()?
+    };
+    if jobs.is_empty() {
+        return Ok(false);
+    }
+    for jid in &jobs {
+        let reason = if jid == job_id {
+            root_reason
+        } else {
+            child_reason
+        };
+        let killed = apply_job_raw(
+            tx,
+            jid,
+            &JobEvent::Kill {
+                reason: reason.to_string(),
+            },
+            now,
+        )?;
+        if killed.is_some() {
+            tx.prepare_cached("DELETE FROM endpoints WHERE job_id = ?1")?
+                .execute([jid])?;
+        }
+    }
+    Ok(true)
+}
+
+/// Marks a job and its unfinished tasks SUCCEEDED (`CompleteJob`); kills descendants. Returns
+/// false if the job does not exist.
+pub fn complete_job(tx: &Tx<'_>, job_id: &str, now: i64) -> Result<bool> {
+    let tx = &tx.tx;
+    let exists: bool = tx
+        .prepare_cached("SELECT EXISTS(SELECT 1 FROM jobs WHERE job_id = ?1)")?
+        .query_row([job_id], |r| r.get(0))?;
+    if !exists {
+        return Ok(false);
+    }
+    if apply_job_raw(tx, job_id, &JobEvent::Complete, now)?.is_some() {
+        for c in unfinished_children(tx, job_id)? {
+            kill_subtree_raw(
+                tx,
+                &c,
+                "Parent job terminated",
+                "Parent job terminated",
+                now,
+            )?;
+        }
+    }
+    Ok(true)
+}

@@ -1,0 +1,438 @@
+//! Task and attempt transitions: every write of `tasks.state` and `task_attempts.state` applies
+//! a `Step` from `iris_types::transition`, inside the caller's transaction. Gang cascades and the
+//! job recomputation follow in the same transaction.
+
+use super::job::recompute_job;
+use crate::events::insert_event;
+use crate::sets::{ATTEMPT_PREEMPTION, TASK_ACTIVE};
+use crate::{Result, Tx};
+use iris_types::{
+    orphaned_attempt_on_worker_loss, transition, AttemptCtx, GangCascade, Rejected, Step, TaskCtx,
+    TaskEvent, TaskState,
+};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::sync::LazyLock;
+
+const CONTROLLER: &str = "iris/controller";
+
+struct TaskRow {
+    job_id: String,
+    state: TaskState,
+    attempt_id: i64,
+    max_retries_failure: i64,
+    max_retries_preemption: i64,
+    coscheduled: bool,
+    worker_id: Option<String>,
+}
+
+static ATTEMPT_COUNTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT COALESCE(SUM(state = {}), 0),
+                COALESCE(SUM(state IN {} AND started_at_ms IS NOT NULL), 0)
+         FROM task_attempts WHERE task_id = ?1",
+        TaskState::Failed.code(),
+        *ATTEMPT_PREEMPTION
+    )
+});
+
+fn load_task(tx: &Connection, task_id: &str) -> Result<Option<(TaskRow, TaskCtx, Option<String>)>> {
+    let row = tx
+        .prepare_cached(
+            "SELECT t.job_id, t.state, t.current_attempt_id, t.max_retries_failure, t.max_retries_preemption,
+                    c.has_coscheduling, t.current_worker_id
+             FROM tasks t JOIN job_config c ON c.job_id = t.job_id WHERE t.task_id = ?1",
+        )?
+        .query_row([task_id], |r| {
+            Ok(TaskRow {
+                job_id: r.get(0)?,
+                state: TaskState::from_code(r.get(1)?).unwrap_or(TaskState::Unspecified),
+                attempt_id: r.get(2)?,
+                max_retries_failure: r.get(3)?,
+                max_retries_preemption: r.get(4)?,
+                coscheduled: r.get::<_, i64>(5)? != 0,
+                worker_id: r.get(6)?,
+            })
+        })
+        .optional()?;
+    let Some(row) = row else { return Ok(None) };
+    let attempt: Option<(AttemptCtx, String)> = tx
+        .prepare_cached(
+            "SELECT state, started_at_ms IS NOT NULL, attempt_uid FROM task_attempts WHERE task_id = ?1 AND attempt_id = ?2",
+        )?
+        .query_row(params![task_id, row.attempt_id], |r| {
+            Ok((
+                AttemptCtx {
+                    state: TaskState::from_code(r.get(0)?).unwrap_or(TaskState::Unspecified),
+                    started: r.get(1)?,
+                },
+                r.get::<_, String>(2)?,
+            ))
+        })
+        .optional()?;
+    let (failures, preemptions): (i64, i64) = tx
+        .prepare_cached(&ATTEMPT_COUNTS)?
+        .query_row([task_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let ctx = TaskCtx {
+        state: row.state,
+        attempt: attempt.as_ref().map(|a| a.0),
+        failure_count: failures as u32,
+        preemption_count: preemptions as u32,
+        max_retries_failure: row.max_retries_failure.max(0) as u32,
+        max_retries_preemption: row.max_retries_preemption.max(0) as u32,
+        coscheduled: row.coscheduled,
+    };
+    Ok(Some((row, ctx, attempt.map(|a| a.1))))
+}
+
+/// How an applied step ends the attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The worker reported the end: stamp `finished_at_ms` now.
+    Now,
+    /// The controller decided: the worker must still confirm (the attempt keeps its resources).
+    AwaitWorker,
+}
+
+/// Applies one event to a task (no job recomputation); returns the step, or `None` if rejected.
+pub(crate) fn apply_raw(
+    tx: &Connection,
+    task_id: &str,
+    event: &TaskEvent,
+    exit_code: Option<i32>,
+    finish: Finish,
+    now: i64,
+    source: &str,
+) -> Result<Option<(Step, String, Option<GangCascade>)>> {
+    let Some((row, ctx, uid)) = load_task(tx, task_id)? else {
+        return Ok(None);
+    };
+    let step = match transition(&ctx, event) {
+        Ok(s) => s,
+        Err(Rejected::NoChange) | Err(Rejected::Terminal(_)) => return Ok(None),
+        Err(e @ Rejected::Illegal { .. }) => {
+            super::note_illegal("task", task_id, &e.to_string());
+            return Ok(None);
+        }
+    };
+    let terminal = step.task.is_terminal();
+    tx.prepare_cached(
+        "UPDATE tasks SET state = ?2,
+            error = COALESCE(?3, error),
+            exit_code = COALESCE(?4, exit_code),
+            finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END,
+            current_worker_id = CASE WHEN ?7 THEN NULL ELSE current_worker_id END,
+            current_worker_address = CASE WHEN ?7 THEN NULL ELSE current_worker_address END
+         WHERE task_id = ?1",
+    )?
+    .execute(params![
+        task_id,
+        step.task.code(),
+        step.error,
+        exit_code,
+        terminal,
+        now,
+        step.task == TaskState::Pending,
+    ])?;
+    if let Some(att_state) = step.attempt {
+        let att_terminal = att_state.is_terminal();
+        let stamp_finish = att_terminal && (finish == Finish::Now || row.worker_id.is_none());
+        tx.prepare_cached(
+            "UPDATE task_attempts SET state = ?3,
+                started_at_ms = CASE WHEN ?4 AND started_at_ms IS NULL THEN ?6 ELSE started_at_ms END,
+                finished_at_ms = CASE WHEN ?5 AND finished_at_ms IS NULL THEN ?6 ELSE finished_at_ms END,
+                error = COALESCE(?7, error),
+                exit_code = COALESCE(?8, exit_code),
+                terminal_reason = CASE WHEN ?9 THEN ?10 ELSE terminal_reason END
+             WHERE task_id = ?1 AND attempt_id = ?2",
+        )?
+        .execute(params![
+            task_id,
+            row.attempt_id,
+            att_state.code(),
+            step.mark_started,
+            stamp_finish,
+            now,
+            step.error,
+            exit_code,
+            att_terminal,
+            step.reason,
+        ])?;
+    }
+    let msg = match (&step.error, step.attempt) {
+        (Some(e), _) => format!("{} -> {}: {}", ctx.state, step.task, e),
+        (None, _) => format!("{} -> {}", ctx.state, step.task),
+    };
+    let kind = if matches!(
+        step.task,
+        TaskState::Failed
+            | TaskState::WorkerFailed
+            | TaskState::Preempted
+            | TaskState::CoschedFailed
+    ) || step.reason == "TaskRetryScheduled"
+        || step.reason == "Preempted"
+    {
+        "Warning"
+    } else {
+        "Normal"
+    };
+    let attempt_id = (row.attempt_id >= 0).then_some(row.attempt_id);
+    insert_event(
+        tx,
+        task_id,
+        attempt_id,
+        uid.as_deref(),
+        now,
+        kind,
+        step.reason,
+        &msg,
+        source,
+    )?;
+    let cascade = if ctx.coscheduled { step.cascade } else { None };
+    Ok(Some((step, row.job_id, cascade)))
+}
+
+static ACTIVE_SIBLINGS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT task_id FROM tasks WHERE job_id = ?1 AND task_id != ?2 AND state IN {} ORDER BY task_index",
+        *TASK_ACTIVE
+    )
+});
+
+/// Applies an event to a task, cascades to gang siblings, and recomputes the job. Returns the
+/// resulting task state when the event applied.
+pub fn apply_task_event(
+    tx: &Tx<'_>,
+    task_id: &str,
+    event: &TaskEvent,
+    exit_code: Option<i32>,
+    finish: Finish,
+    now: i64,
+    source: &str,
+) -> Result<Option<TaskState>> {
+    apply_task_event_raw(&tx.tx, task_id, event, exit_code, finish, now, source)
+}
+
+pub(crate) fn apply_task_event_raw(
+    tx: &Connection,
+    task_id: &str,
+    event: &TaskEvent,
+    exit_code: Option<i32>,
+    finish: Finish,
+    now: i64,
+    source: &str,
+) -> Result<Option<TaskState>> {
+    let Some((step, job_id, cascade)) =
+        apply_raw(tx, task_id, event, exit_code, finish, now, source)?
+    else {
+        return Ok(None);
+    };
+    if let Some(c) = cascade {
+        let siblings: Vec<String> = {
+            let mut st = tx.prepare_cached(&ACTIVE_SIBLINGS)?;
+            let rows = st.query_map(params![job_id, task_id], |r| r.get(0))?;
+            rows.collect::<std::result::Result<_, _>>()?
+        };
+        for sib in siblings {
+            let ev = match c {
+                GangCascade::Fail => TaskEvent::SiblingFailed {
+                    sibling: task_id.to_string(),
+                },
+                GangCascade::Requeue => TaskEvent::SiblingRequeued {
+                    sibling: task_id.to_string(),
+                },
+            };
+            apply_raw(tx, &sib, &ev, None, Finish::AwaitWorker, now, CONTROLLER)?;
+        }
+    }
+    recompute_job(tx, &job_id, now)?;
+    Ok(Some(step.task))
+}
+
+/// Places a pending task on a worker: applies `TaskEvent::Assign`, whose step opens a new attempt
+/// (with `uid`) in the state it names. Returns false when the task cannot be placed.
+pub fn assign_task(
+    tx: &Tx<'_>,
+    task_id: &str,
+    worker_id: &str,
+    worker_address: &str,
+    uid: &str,
+    band: i32,
+    now: i64,
+) -> Result<bool> {
+    let tx = &tx.tx;
+    let Some((row, ctx, _)) = load_task(tx, task_id)? else {
+        return Ok(false);
+    };
+    let step = match transition(&ctx, &TaskEvent::Assign) {
+        Ok(s) => s,
+        Err(e @ Rejected::Illegal { .. }) => {
+            super::note_illegal("task", task_id, &e.to_string());
+            return Ok(false);
+        }
+        Err(_) => return Ok(false),
+    };
+    let (Some(attempt_state), true) = (step.attempt, step.new_attempt) else {
+        super::note_illegal("task", task_id, "Assign produced no new attempt");
+        return Ok(false);
+    };
+    let attempt_id = row.attempt_id + 1;
+    tx.prepare_cached(
+        "INSERT INTO task_attempts(task_id, attempt_id, worker_id, state, created_at_ms, attempt_uid, backend_id)
+         VALUES (?1,?2,?3,?4,?5,?6,'default')",
+    )?
+    .execute(params![task_id, attempt_id, worker_id, attempt_state.code(), now, uid])?;
+    tx.prepare_cached(
+        "UPDATE tasks SET state = ?7, current_attempt_id = ?2, current_worker_id = ?3, current_worker_address = ?4,
+            started_at_ms = COALESCE(started_at_ms, ?5), priority_band = ?6, status_message = NULL
+         WHERE task_id = ?1",
+    )?
+    .execute(params![
+        task_id,
+        attempt_id,
+        worker_id,
+        worker_address,
+        now,
+        band,
+        step.task.code()
+    ])?;
+    insert_event(
+        tx,
+        task_id,
+        Some(attempt_id),
+        Some(uid),
+        now,
+        "Normal",
+        step.reason,
+        &format!("Assigned to worker {worker_id}"),
+        CONTROLLER,
+    )?;
+    recompute_job(tx, &row.job_id, now)?;
+    Ok(true)
+}
+
+/// A worker's observation of one attempt.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    pub attempt_uid: String,
+    pub state: TaskState,
+    pub exit_code: Option<i32>,
+    pub error: String,
+    pub status_message: String,
+}
+
+/// Applies a worker's observation, fenced by attempt uid and worker id. Returns true when it
+/// changed state.
+pub fn apply_observation(
+    tx: &Tx<'_>,
+    worker_id: &str,
+    obs: &Observation,
+    now: i64,
+) -> Result<bool> {
+    let tx = &tx.tx;
+    let att: Option<(String, i64, Option<String>, i32, bool, i64)> = tx
+        .prepare_cached(
+            "SELECT a.task_id, a.attempt_id, a.worker_id, a.state, a.finished_at_ms IS NOT NULL, t.current_attempt_id
+             FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id WHERE a.attempt_uid = ?1",
+        )?
+        .query_row([&obs.attempt_uid], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+        })
+        .optional()?;
+    let Some((task_id, attempt_id, att_worker, att_state, finished, current)) = att else {
+        return Ok(false);
+    };
+    if att_worker.as_deref() != Some(worker_id) {
+        return Ok(false);
+    }
+    let att_state = TaskState::from_code(att_state).unwrap_or(TaskState::Unspecified);
+    let reported_terminal = obs.state.is_terminal() || obs.state == TaskState::Missing;
+    if attempt_id == current {
+        if !obs.status_message.is_empty() {
+            tx.prepare_cached("UPDATE tasks SET status_message = ?2 WHERE task_id = ?1")?
+                .execute(params![task_id, obs.status_message])?;
+        } else if obs.state == TaskState::Running {
+            // Running: whatever it was waiting for is over.
+            tx.prepare_cached(
+                "UPDATE tasks SET status_message = NULL WHERE task_id = ?1 AND status_message IS NOT NULL",
+            )?
+            .execute(params![task_id])?;
+        }
+    }
+    if attempt_id != current || att_state.is_terminal() {
+        // The controller already decided this attempt's fate (or it is superseded): a terminal
+        // report only confirms it ended on the worker, releasing its resources.
+        if reported_terminal && !finished {
+            tx.prepare_cached(
+                "UPDATE task_attempts SET finished_at_ms = ?2, exit_code = COALESCE(exit_code, ?3) WHERE attempt_uid = ?1",
+            )?
+            .execute(params![obs.attempt_uid, now, obs.exit_code])?;
+            return Ok(true);
+        }
+        return Ok(false);
+    }
+    let ev = TaskEvent::Report {
+        state: obs.state,
+        error: obs.error.clone(),
+    };
+    let src = "iris/worker";
+    let exit = if reported_terminal {
+        obs.exit_code
+    } else {
+        None
+    };
+    let applied = apply_task_event_raw(tx, &task_id, &ev, exit, Finish::Now, now, src)?;
+    Ok(applied.is_some())
+}
+
+/// Declares a worker dead: its current attempts go down the WORKER_FAILED path (§2.4), every
+/// open attempt on it is finished (superseded ones that still held it end WORKER_FAILED), and its
+/// row is removed. Returns the affected tasks.
+pub fn fail_worker(tx: &Tx<'_>, worker_id: &str, now: i64) -> Result<Vec<String>> {
+    let tx = &tx.tx;
+    let open: Vec<(String, i64, i64)> = {
+        let mut st = tx.prepare_cached(
+            "SELECT a.task_id, a.attempt_id, t.current_attempt_id FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+             WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL",
+        )?;
+        let rows = st.query_map([worker_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect::<std::result::Result<_, _>>()?
+    };
+    let mut affected = Vec::new();
+    for (task_id, attempt_id, current) in open {
+        if attempt_id == current {
+            apply_task_event_raw(
+                tx,
+                &task_id,
+                &TaskEvent::WorkerLost,
+                None,
+                Finish::Now,
+                now,
+                CONTROLLER,
+            )?;
+        }
+        let state: i32 = tx
+            .prepare_cached(
+                "SELECT state FROM task_attempts WHERE task_id = ?1 AND attempt_id = ?2",
+            )?
+            .query_row(params![task_id, attempt_id], |r| r.get(0))?;
+        let state = TaskState::from_code(state).unwrap_or(TaskState::Unspecified);
+        tx.prepare_cached(
+            "UPDATE task_attempts SET finished_at_ms = COALESCE(finished_at_ms, ?3), state = ?4
+             WHERE task_id = ?1 AND attempt_id = ?2",
+        )?
+        .execute(params![
+            task_id,
+            attempt_id,
+            now,
+            orphaned_attempt_on_worker_loss(state).code()
+        ])?;
+        affected.push(task_id);
+    }
+    tx.prepare_cached(
+        "UPDATE tasks SET current_worker_id = NULL, current_worker_address = NULL WHERE current_worker_id = ?1",
+    )?
+    .execute([worker_id])?;
+    tx.prepare_cached("DELETE FROM workers WHERE worker_id = ?1")?
+        .execute([worker_id])?;
+    Ok(affected)
+}

@@ -1,0 +1,88 @@
+//! Reads about jobs and tasks that the admission and RPC paths need.
+
+use crate::sets::TASK_ACTIVE;
+use crate::{Read, Result};
+use iris_types::{JobState, TaskState};
+use rusqlite::OptionalExtension;
+use std::sync::LazyLock;
+
+/// The state of a job, if it exists.
+pub fn job_state_of(c: &impl Read, job_id: &str) -> Result<Option<JobState>> {
+    let s: Option<i32> = c
+        .raw()
+        .prepare_cached("SELECT state FROM jobs WHERE job_id = ?1")?
+        .query_row([job_id], |r| r.get(0))
+        .optional()?;
+    Ok(s.and_then(JobState::from_code))
+}
+
+/// A job's state and band (`None`: no such job).
+pub fn state_and_band(c: &impl Read, job_id: &str) -> Result<Option<(JobState, i32)>> {
+    let row: Option<(i32, i32)> = c
+        .raw()
+        .prepare_cached(
+            "SELECT j.state, c.priority_band FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
+        )?
+        .query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(row.map(|(s, b)| (JobState::from_code(s).unwrap_or(JobState::Unspecified), b)))
+}
+
+/// What the controller caches about a job to schedule and dispatch it.
+#[derive(Clone, Debug)]
+pub struct SpecRow {
+    /// The stored `LaunchJobRequest` (binary protobuf, bundle bytes removed).
+    pub request_blob: Vec<u8>,
+    pub band: i32,
+    pub user: String,
+    pub depth: i64,
+}
+
+/// A job's stored request and the columns its spec needs.
+pub fn spec_row(c: &impl Read, job_id: &str) -> Result<Option<SpecRow>> {
+    Ok(c
+        .raw()
+        .prepare_cached(
+            "SELECT c.request_blob, c.priority_band, j.user_id, j.depth FROM job_config c JOIN jobs j ON j.job_id = c.job_id WHERE c.job_id = ?1",
+        )?
+        .query_row([job_id], |r| {
+            Ok(SpecRow {
+                request_blob: r.get(0)?,
+                band: r.get(1)?,
+                user: r.get(2)?,
+                depth: r.get(3)?,
+            })
+        })
+        .optional()?)
+}
+
+/// A task's state and current attempt number.
+pub fn task_state(c: &impl Read, task_id: &str) -> Result<Option<(TaskState, i64)>> {
+    let row: Option<(i32, i64)> = c
+        .raw()
+        .prepare_cached("SELECT state, current_attempt_id FROM tasks WHERE task_id = ?1")?
+        .query_row([task_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(row.map(|(s, a)| (TaskState::from_code(s).unwrap_or(TaskState::Unspecified), a)))
+}
+
+static ACTIVE_TASKS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT task_id FROM tasks WHERE job_id = ?1 AND state IN {} ORDER BY task_index",
+        *TASK_ACTIVE
+    )
+});
+
+/// A job's tasks that hold a worker (assigned, building, running), by index.
+pub fn active_tasks(c: &impl Read, job_id: &str) -> Result<Vec<String>> {
+    let mut st = c.raw().prepare_cached(&ACTIVE_TASKS)?;
+    let rows = st.query_map([job_id], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Whether the job has any task rows (a federated job's tasks appear once mirrored).
+pub fn has_tasks(c: &impl Read, job_id: &str) -> Result<bool> {
+    Ok(c.raw()
+        .prepare_cached("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ?1)")?
+        .query_row([job_id], |r| r.get(0))?)
+}

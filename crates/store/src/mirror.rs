@@ -1,0 +1,219 @@
+//! Mirrored federation state: a job this cluster handed to a peer keeps rows here (`cluster =
+//! <peer>`) whose states are the peer's, copied as reported. These are the only writes of state
+//! columns outside [`crate::apply`]: the peer's own state machine decided them, so they are
+//! copied rather than re-derived (Architecture Invariant "mirrored state has one writer").
+
+use crate::federation::root_of;
+use crate::sets::{JOB_LIVE, TASK_LIVE_MIRROR};
+use crate::{Raw, Result, Tx};
+use iris_types::{JobState, TaskState};
+use rusqlite::{params, OptionalExtension};
+use std::sync::LazyLock;
+
+/// A peer's report of one job, in store terms.
+#[derive(Clone, Debug, Default)]
+pub struct MirrorJob {
+    pub job_id: String,
+    pub state: i32,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub num_tasks: i64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct MirrorAttempt {
+    pub attempt_id: i64,
+    pub state: i32,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    pub attempt_uid: String,
+    pub worker_id: String,
+    pub terminal_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct MirrorTask {
+    pub task_index: i64,
+    pub state: i32,
+    pub error: Option<String>,
+    pub exit_code: Option<i32>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub current_attempt_id: i64,
+    pub worker_address: String,
+    pub status_message: Option<String>,
+    pub attempts: Vec<MirrorAttempt>,
+}
+
+/// The peer reported the job gone: end it locally.
+pub fn kill_mirrored(tx: &Tx<'_>, job_id: &str, reason: &str, now: i64) -> Result<()> {
+    static JOBS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET state = {}, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3)
+             WHERE (job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/') AND state IN {}",
+            JobState::Killed.code(),
+            *JOB_LIVE
+        )
+    });
+    static TASKS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE tasks SET state = {}, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3)
+             WHERE (job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/') AND state IN {}",
+            TaskState::Killed.code(),
+            *TASK_LIVE_MIRROR
+        )
+    });
+    let tx = tx.raw();
+    tx.prepare_cached(&JOBS)?
+        .execute(params![job_id, reason, now])?;
+    tx.prepare_cached(&TASKS)?
+        .execute(params![job_id, reason, now])?;
+    Ok(())
+}
+
+/// Deletes a mirrored job (a peer tombstone).
+pub fn delete_mirrored(tx: &Tx<'_>, job_id: &str) -> Result<()> {
+    crate::apply::delete_job_raw(tx.raw(), job_id)
+}
+
+/// Upserts a mirrored job and the given tasks with their attempts. A child the parent has not
+/// seen is created from its parent's row (user, band, root submit time) with `cluster = peer`.
+pub fn apply_mirror(
+    tx: &Tx<'_>,
+    peer: &str,
+    job: &MirrorJob,
+    tasks: &[MirrorTask],
+    now: i64,
+) -> Result<()> {
+    let tx = tx.raw();
+    let exists: bool = tx
+        .prepare_cached("SELECT EXISTS(SELECT 1 FROM jobs WHERE job_id = ?1)")?
+        .query_row([&job.job_id], |r| r.get(0))?;
+    if !exists {
+        let parent = match job.job_id.rsplit_once('/') {
+            Some((p, _)) if !p.is_empty() => p.to_string(),
+            _ => return Ok(()),
+        };
+        let seed: Option<(String, String, i64, i64, i32)> = tx
+            .prepare_cached(
+                "SELECT j.user_id, j.submitting_user, j.root_submitted_at_ms, j.depth, c.priority_band
+                 FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
+            )?
+            .query_row([&parent], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            })
+            .optional()?;
+        let Some((user, submitting, root_ms, depth, band)) = seed else {
+            // Parent not mirrored yet: deltas arrive ordered by depth, so this is a gap; the next
+            // full snapshot fills it.
+            return Ok(());
+        };
+        tx.prepare_cached(
+            "INSERT INTO jobs(job_id, user_id, submitting_user, parent_job_id, root_job_id, depth, state,
+                submitted_at_ms, root_submitted_at_ms, num_tasks, name, backend_id, cluster)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'peer', ?12)",
+        )?
+        .execute(params![
+            job.job_id,
+            user,
+            submitting,
+            parent,
+            root_of(&job.job_id),
+            depth + 1,
+            job.state,
+            now,
+            root_ms,
+            job.num_tasks,
+            job.job_id.to_lowercase(),
+            peer
+        ])?;
+        tx.prepare_cached(
+            "INSERT INTO job_config(job_id, priority_band, request_blob) VALUES (?1, ?2, x'')",
+        )?
+        .execute(params![job.job_id, band])?;
+    }
+    tx.prepare_cached(
+        "UPDATE jobs SET state = ?2, error = ?3, exit_code = ?4, started_at_ms = ?5,
+             finished_at_ms = ?6, num_tasks = ?7, cluster = ?8
+         WHERE job_id = ?1",
+    )?
+    .execute(params![
+        job.job_id,
+        job.state,
+        job.error,
+        job.exit_code,
+        job.started_at_ms,
+        job.finished_at_ms,
+        job.num_tasks,
+        peer
+    ])?;
+    let (band, depth, root_ms, submitted): (i32, i64, i64, i64) = tx
+        .prepare_cached(
+            "SELECT c.priority_band, j.depth, j.root_submitted_at_ms, j.submitted_at_ms
+             FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
+        )?
+        .query_row([&job.job_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
+    for t in tasks {
+        let task_id = format!("{}/{}", job.job_id, t.task_index);
+        tx.prepare_cached(
+            "INSERT INTO tasks(task_id, job_id, task_index, state, error, exit_code, submitted_at_ms,
+                started_at_ms, finished_at_ms, max_retries_failure, max_retries_preemption,
+                current_attempt_id, priority_neg_depth, priority_root_submitted_ms, priority_insertion,
+                priority_band, status_message, current_worker_address, backend_id, cluster)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, 0, ?10, ?11, ?12, 0, ?13, ?14, ?15, 'peer', ?16)
+             ON CONFLICT(task_id) DO UPDATE SET state = excluded.state, error = excluded.error,
+                exit_code = excluded.exit_code, started_at_ms = excluded.started_at_ms,
+                finished_at_ms = excluded.finished_at_ms, current_attempt_id = excluded.current_attempt_id,
+                status_message = excluded.status_message, current_worker_address = excluded.current_worker_address",
+        )?
+        .execute(params![
+            task_id,
+            job.job_id,
+            t.task_index,
+            t.state,
+            t.error,
+            t.exit_code,
+            submitted,
+            t.started_at_ms,
+            t.finished_at_ms,
+            t.current_attempt_id,
+            -depth,
+            root_ms,
+            band,
+            t.status_message,
+            t.worker_address,
+            peer
+        ])?;
+        for a in &t.attempts {
+            tx.prepare_cached(
+                "INSERT INTO task_attempts(task_id, attempt_id, worker_id, state, created_at_ms, started_at_ms,
+                    finished_at_ms, exit_code, error, attempt_uid, backend_id, node_name, terminal_reason)
+                 VALUES (?1, ?2, NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'peer', ?10, ?11)
+                 ON CONFLICT(task_id, attempt_id) DO UPDATE SET state = excluded.state,
+                    started_at_ms = excluded.started_at_ms, finished_at_ms = excluded.finished_at_ms,
+                    exit_code = excluded.exit_code, error = excluded.error,
+                    node_name = excluded.node_name, terminal_reason = excluded.terminal_reason",
+            )?
+            .execute(params![
+                task_id,
+                a.attempt_id,
+                a.state,
+                a.started_at_ms.unwrap_or(now),
+                a.started_at_ms,
+                a.finished_at_ms,
+                a.exit_code,
+                a.error,
+                a.attempt_uid,
+                a.worker_id,
+                a.terminal_reason
+            ])?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! State codes in SQL, generated from `TaskState`/`JobState` so no query carries a hand copy of
+//! `is_terminal` or `is_active`. Each fragment is built once and reused; queries that contain
+//! one are built once too (`LazyLock`), so the prepared-statement cache still sees one text.
+
+use iris_types::{JobState, TaskState};
+use std::sync::LazyLock;
+
+/// `(4,5,6)`: the codes of the task states that satisfy `pred`.
+pub(crate) fn tasks_where(pred: fn(TaskState) -> bool) -> String {
+    list(
+        TaskState::ALL
+            .iter()
+            .filter(|s| pred(**s))
+            .map(|s| s.code()),
+    )
+}
+
+/// `(4,5,6)`: the codes of the job states that satisfy `pred`.
+pub(crate) fn jobs_where(pred: fn(JobState) -> bool) -> String {
+    list(JobState::ALL.iter().filter(|s| pred(**s)).map(|s| s.code()))
+}
+
+fn list(codes: impl Iterator<Item = i32>) -> String {
+    let v: Vec<String> = codes.map(|c| c.to_string()).collect();
+    format!("({})", v.join(","))
+}
+
+/// Terminal task states.
+pub(crate) static TASK_TERMINAL: LazyLock<String> =
+    LazyLock::new(|| tasks_where(TaskState::is_terminal));
+/// Task states holding a worker: ASSIGNED, BUILDING, RUNNING.
+pub(crate) static TASK_ACTIVE: LazyLock<String> =
+    LazyLock::new(|| tasks_where(TaskState::is_active));
+/// Task states whose error explains a job's failure (terminal, not SUCCEEDED).
+pub(crate) static TASK_FAILED_ENDS: LazyLock<String> =
+    LazyLock::new(|| tasks_where(|s| s.is_terminal() && s != TaskState::Succeeded));
+/// Attempt states that charge the preemption budget once the attempt started.
+pub(crate) static ATTEMPT_PREEMPTION: LazyLock<String> = LazyLock::new(|| {
+    tasks_where(|s| {
+        matches!(
+            s,
+            TaskState::Killed | TaskState::WorkerFailed | TaskState::Preempted
+        )
+    })
+});
+/// A task still to run or running: not terminal and not yet on a worker, or on one.
+pub(crate) static TASK_LIVE_MIRROR: LazyLock<String> =
+    LazyLock::new(|| tasks_where(|s| s == TaskState::Pending || s.is_active()));
+/// Terminal job states.
+pub(crate) static JOB_TERMINAL: LazyLock<String> =
+    LazyLock::new(|| jobs_where(JobState::is_terminal));
+/// Live job states as the federation paths use them: PENDING, BUILDING, RUNNING.
+pub(crate) static JOB_LIVE: LazyLock<String> = LazyLock::new(|| jobs_where(JobState::is_live));
+/// A job not yet running: PENDING or BUILDING (a queued federated job).
+pub(crate) static JOB_NOT_STARTED: LazyLock<String> =
+    LazyLock::new(|| jobs_where(|s| matches!(s, JobState::Pending | JobState::Building)));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_match_the_state_predicates() {
+        assert_eq!(*TASK_TERMINAL, "(4,5,6,7,8,10,11)");
+        assert_eq!(*TASK_ACTIVE, "(2,3,9)");
+        assert_eq!(*JOB_TERMINAL, "(4,5,6,7,8)");
+        assert_eq!(*JOB_LIVE, "(1,2,3)");
+        assert_eq!(*TASK_LIVE_MIRROR, "(1,2,3,9)");
+        assert_eq!(*ATTEMPT_PREEMPTION, "(6,7,10)");
+        assert_eq!(*TASK_FAILED_ENDS, "(5,6,7,8,10,11)");
+        assert_eq!(*JOB_NOT_STARTED, "(1,2)");
+    }
+}

@@ -1,0 +1,129 @@
+//! What the control tick reads: deadlines, timeouts, the work holding workers and the work
+//! waiting for them. All reads; the tick applies its decisions through [`crate::apply`].
+
+use crate::{Read, Result};
+use iris_types::TaskState;
+use std::sync::LazyLock;
+
+static EXPIRED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT t.task_id FROM tasks t JOIN jobs j ON j.job_id = t.job_id
+         WHERE t.state = {} AND t.cluster = 'local' AND j.scheduling_deadline_epoch_ms IS NOT NULL
+           AND j.scheduling_deadline_epoch_ms < ?1",
+        TaskState::Pending.code()
+    )
+});
+
+/// Pending local tasks whose job's scheduling deadline is before `now`.
+pub fn past_scheduling_deadline(c: &impl Read, now: i64) -> Result<Vec<String>> {
+    let mut st = c.raw().prepare_cached(&EXPIRED)?;
+    let rows = st.query_map([now], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+static TIMED_OUT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT t.task_id, a.worker_id FROM tasks t JOIN job_config c ON c.job_id = t.job_id
+         JOIN task_attempts a ON a.task_id = t.task_id AND a.attempt_id = t.current_attempt_id
+         WHERE t.state IN ({}, {}) AND t.cluster = 'local' AND c.timeout_ms IS NOT NULL
+           AND a.started_at_ms IS NOT NULL AND a.started_at_ms + c.timeout_ms < ?1",
+        TaskState::Building.code(),
+        TaskState::Running.code()
+    )
+});
+
+/// Executing local tasks past their execution timeout (measured from the attempt's start):
+/// `(task, worker)`.
+pub fn past_execution_timeout(c: &impl Read, now: i64) -> Result<Vec<(String, String)>> {
+    let mut st = c.raw().prepare_cached(&TIMED_OUT)?;
+    let rows = st.query_map([now], |r| {
+        Ok((
+            r.get(0)?,
+            r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+        ))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// An attempt that still holds a worker's resources (no `finished_at`).
+#[derive(Clone, Debug)]
+pub struct Holding {
+    pub task_id: String,
+    pub job_id: String,
+    pub worker_id: String,
+    /// The band the task runs at (after budget demotion at assignment).
+    pub band: i32,
+    /// The attempt is RUNNING (not assigned or building).
+    pub running: bool,
+}
+
+static HOLDING: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT a.task_id, t.job_id, a.worker_id, t.priority_band, a.state = {}
+         FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+         WHERE a.finished_at_ms IS NULL AND a.worker_id IS NOT NULL",
+        TaskState::Running.code()
+    )
+});
+
+/// Every attempt holding a worker.
+pub fn holdings(c: &impl Read) -> Result<Vec<Holding>> {
+    let mut st = c.raw().prepare_cached(&HOLDING)?;
+    let rows = st.query_map([], |r| {
+        Ok(Holding {
+            task_id: r.get(0)?,
+            job_id: r.get(1)?,
+            worker_id: r.get(2)?,
+            band: r.get(3)?,
+            running: r.get(4)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// A pending local task with its queue-order keys.
+#[derive(Clone, Debug)]
+pub struct Waiting {
+    pub task_id: String,
+    pub job_id: String,
+    pub root_submitted_ms: i64,
+    pub submitted_ms: i64,
+    pub insertion: i64,
+}
+
+static WAITING: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT task_id, job_id, priority_root_submitted_ms, submitted_at_ms, priority_insertion
+         FROM tasks WHERE state = {} AND cluster = 'local'",
+        TaskState::Pending.code()
+    )
+});
+
+/// Every pending local task.
+pub fn waiting(c: &impl Read) -> Result<Vec<Waiting>> {
+    let mut st = c.raw().prepare_cached(&WAITING)?;
+    let rows = st.query_map([], |r| {
+        Ok(Waiting {
+            task_id: r.get(0)?,
+            job_id: r.get(1)?,
+            root_submitted_ms: r.get(2)?,
+            submitted_ms: r.get(3)?,
+            insertion: r.get(4)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+static WAITING_COUNT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT count(*) FROM tasks WHERE state = {} AND cluster = 'local'",
+        TaskState::Pending.code()
+    )
+});
+
+/// How many local tasks are pending.
+pub fn waiting_count(c: &impl Read) -> Result<i64> {
+    Ok(c.raw()
+        .prepare_cached(&WAITING_COUNT)?
+        .query_row([], |r| r.get(0))?)
+}

@@ -1,0 +1,283 @@
+//! Read models: the rows behind `JobStatus`, `TaskStatus` and their attempts, as plain structs.
+//! The controller turns them into wire messages.
+
+use crate::sets::ATTEMPT_PREEMPTION;
+use crate::{Read, Result};
+use iris_types::{JobState, TaskState};
+use rusqlite::{OptionalExtension, Row};
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+/// A job row with what its status needs.
+#[derive(Clone, Debug, Default)]
+pub struct JobRow {
+    pub job_id: String,
+    pub state: i32,
+    pub error: Option<String>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub submitted_at_ms: i64,
+    pub name: String,
+    pub parent_job_id: Option<String>,
+    pub backend_id: Option<String>,
+    pub cluster: String,
+    pub num_tasks: i32,
+    pub submitting_user: String,
+    /// The stored request (binary protobuf; empty for mirrored children).
+    pub request_blob: Vec<u8>,
+    /// Task counts by state.
+    pub task_counts: BTreeMap<TaskState, i32>,
+    /// The first PENDING task, by index.
+    pub first_pending_task: Option<String>,
+    /// The status message of the first task waiting on its backend (assigned or building).
+    pub first_waiting_message: Option<String>,
+    /// FAILED attempts over all tasks.
+    pub failure_count: i32,
+    /// Charged preemptions over all tasks.
+    pub preemption_count: i32,
+    pub has_children: bool,
+}
+
+const JOB_COLS: &str =
+    "j.job_id, j.state, j.error, j.started_at_ms, j.finished_at_ms, j.submitted_at_ms, j.name,
+    j.parent_job_id, j.backend_id, j.cluster, j.num_tasks, j.submitting_user, c.request_blob";
+
+fn job_from_row(r: &Row<'_>) -> rusqlite::Result<JobRow> {
+    Ok(JobRow {
+        job_id: r.get(0)?,
+        state: r.get(1)?,
+        error: r.get(2)?,
+        started_at_ms: r.get(3)?,
+        finished_at_ms: r.get(4)?,
+        submitted_at_ms: r.get(5)?,
+        name: r.get(6)?,
+        parent_job_id: r.get(7)?,
+        backend_id: r.get(8)?,
+        cluster: r.get(9)?,
+        num_tasks: r.get(10)?,
+        submitting_user: r.get(11)?,
+        request_blob: r.get(12)?,
+        ..Default::default()
+    })
+}
+
+static ATTEMPT_TOTALS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT COALESCE(SUM(a.state = {}), 0), COALESCE(SUM(a.state IN {} AND a.started_at_ms IS NOT NULL), 0)
+         FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id WHERE t.job_id = ?1",
+        TaskState::Failed.code(),
+        *ATTEMPT_PREEMPTION
+    )
+});
+
+fn finish_job(c: &rusqlite::Connection, j: &mut JobRow) -> Result<()> {
+    {
+        let mut st = c.prepare_cached(
+            "SELECT task_id, state, status_message FROM tasks WHERE job_id = ?1 ORDER BY task_index",
+        )?;
+        let mut rows = st.query([&j.job_id])?;
+        while let Some(r) = rows.next()? {
+            let tid: String = r.get(0)?;
+            let s = TaskState::from_code(r.get(1)?).unwrap_or(TaskState::Unspecified);
+            *j.task_counts.entry(s).or_default() += 1;
+            if s == TaskState::Pending && j.first_pending_task.is_none() {
+                j.first_pending_task = Some(tid);
+            } else if matches!(s, TaskState::Assigned | TaskState::Building)
+                && j.first_waiting_message.is_none()
+            {
+                j.first_waiting_message = r.get::<_, Option<String>>(2)?.filter(|m| !m.is_empty());
+            }
+        }
+    }
+    let (f, p): (i64, i64) = c
+        .prepare_cached(&ATTEMPT_TOTALS)?
+        .query_row([&j.job_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    j.failure_count = f as i32;
+    j.preemption_count = p as i32;
+    j.has_children = c
+        .prepare_cached("SELECT EXISTS(SELECT 1 FROM jobs WHERE parent_job_id = ?1)")?
+        .query_row([&j.job_id], |r| r.get(0))?;
+    Ok(())
+}
+
+/// One job with its counts.
+pub fn job(c: &impl Read, job_id: &str) -> Result<Option<JobRow>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {JOB_COLS} FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1"
+        )
+    });
+    let c = c.raw();
+    let j = c
+        .prepare_cached(&SQL)?
+        .query_row([job_id], job_from_row)
+        .optional()?;
+    let Some(mut j) = j else { return Ok(None) };
+    finish_job(c, &mut j)?;
+    Ok(Some(j))
+}
+
+/// Filters of `ListJobs`.
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub id_prefix: String,
+    /// Matched case-insensitively against the job's name.
+    pub name_contains: String,
+    pub parent_job_id: String,
+    pub ascending: bool,
+    pub limit: u32,
+    pub offset: u32,
+}
+
+/// A page of jobs and the number of jobs matching the filter.
+pub fn list_jobs(c: &impl Read, f: &JobFilter) -> Result<(Vec<JobRow>, i64)> {
+    let c = c.raw();
+    let mut where_ = vec!["1=1".to_string()];
+    let mut args: Vec<rusqlite::types::Value> = Vec::new();
+    if let Some(s) = f.state {
+        args.push((s.code() as i64).into());
+        where_.push(format!("j.state = ?{}", args.len()));
+    }
+    if !f.id_prefix.is_empty() {
+        args.push(f.id_prefix.clone().into());
+        where_.push(format!(
+            "substr(j.job_id, 1, length(?{0})) = ?{0}",
+            args.len()
+        ));
+    }
+    if !f.name_contains.is_empty() {
+        args.push(f.name_contains.to_lowercase().into());
+        where_.push(format!("instr(j.name, ?{}) > 0", args.len()));
+    }
+    if !f.parent_job_id.is_empty() {
+        args.push(f.parent_job_id.clone().into());
+        where_.push(format!("j.parent_job_id = ?{}", args.len()));
+    }
+    let w = where_.join(" AND ");
+    let total: i64 = c.query_row(
+        &format!("SELECT count(*) FROM jobs j WHERE {w}"),
+        rusqlite::params_from_iter(args.iter()),
+        |r| r.get(0),
+    )?;
+    let dir = if f.ascending { "ASC" } else { "DESC" };
+    let sql = format!(
+        "SELECT {JOB_COLS} FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE {w}
+         ORDER BY j.submitted_at_ms {dir}, j.job_id LIMIT {} OFFSET {}",
+        f.limit, f.offset
+    );
+    let mut st = c.prepare(&sql)?;
+    let rows = st.query_map(rusqlite::params_from_iter(args.iter()), job_from_row)?;
+    let mut jobs: Vec<JobRow> = rows.collect::<rusqlite::Result<_>>()?;
+    for j in &mut jobs {
+        finish_job(c, j)?;
+    }
+    Ok((jobs, total))
+}
+
+/// One attempt of a task.
+#[derive(Clone, Debug)]
+pub struct AttemptRow {
+    pub attempt_id: i64,
+    /// The worker, or for attempts mirrored from a peer, the node it ran on.
+    pub worker_id: Option<String>,
+    pub state: TaskState,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub attempt_uid: String,
+}
+
+/// A task's attempts, oldest first.
+pub fn attempts(c: &impl Read, task_id: &str) -> Result<Vec<AttemptRow>> {
+    attempts_raw(c.raw(), task_id)
+}
+
+fn attempts_raw(c: &rusqlite::Connection, task_id: &str) -> Result<Vec<AttemptRow>> {
+    let mut st = c.prepare_cached(
+        "SELECT attempt_id, COALESCE(worker_id, node_name), state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid
+         FROM task_attempts WHERE task_id = ?1 ORDER BY attempt_id",
+    )?;
+    let rows = st.query_map([task_id], |r| {
+        Ok(AttemptRow {
+            attempt_id: r.get(0)?,
+            worker_id: r.get(1)?,
+            state: TaskState::from_code(r.get(2)?).unwrap_or(TaskState::Unspecified),
+            exit_code: r.get(3)?,
+            error: r.get(4)?,
+            started_at_ms: r.get(5)?,
+            finished_at_ms: r.get(6)?,
+            attempt_uid: r.get(7)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// A task row with its attempts.
+#[derive(Clone, Debug, Default)]
+pub struct TaskRow {
+    pub task_id: String,
+    pub state: i32,
+    pub worker_id: Option<String>,
+    pub worker_address: Option<String>,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    pub current_attempt_id: i64,
+    pub submitted_at_ms: Option<i64>,
+    pub status_message: Option<String>,
+    pub backend_id: Option<String>,
+    pub cluster: String,
+    pub container_id: Option<String>,
+    pub attempts: Vec<AttemptRow>,
+}
+
+const TASK_COLS: &str = "task_id, state, current_worker_id, current_worker_address, exit_code, error, current_attempt_id,
+    submitted_at_ms, status_message, backend_id, cluster, container_id";
+
+fn task_from_row(r: &Row<'_>) -> rusqlite::Result<TaskRow> {
+    Ok(TaskRow {
+        task_id: r.get(0)?,
+        state: r.get(1)?,
+        worker_id: r.get(2)?,
+        worker_address: r.get(3)?,
+        exit_code: r.get(4)?,
+        error: r.get(5)?,
+        current_attempt_id: r.get(6)?,
+        submitted_at_ms: r.get(7)?,
+        status_message: r.get(8)?,
+        backend_id: r.get(9)?,
+        cluster: r.get(10)?,
+        container_id: r.get(11)?,
+        attempts: Vec::new(),
+    })
+}
+
+/// One task with all its attempts.
+pub fn task(c: &impl Read, task_id: &str) -> Result<Option<TaskRow>> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {TASK_COLS} FROM tasks WHERE task_id = ?1"));
+    let c = c.raw();
+    let t = c
+        .prepare_cached(&SQL)?
+        .query_row([task_id], task_from_row)
+        .optional()?;
+    let Some(mut t) = t else { return Ok(None) };
+    t.attempts = attempts_raw(c, task_id)?;
+    Ok(Some(t))
+}
+
+/// A job's tasks by index, each with all its attempts.
+pub fn tasks_of_job(c: &impl Read, job_id: &str) -> Result<Vec<TaskRow>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {TASK_COLS} FROM tasks WHERE job_id = ?1 ORDER BY task_index")
+    });
+    let c = c.raw();
+    let mut st = c.prepare_cached(&SQL)?;
+    let rows = st.query_map([job_id], task_from_row)?;
+    let mut tasks: Vec<TaskRow> = rows.collect::<rusqlite::Result<_>>()?;
+    for t in &mut tasks {
+        t.attempts = attempts_raw(c, &t.task_id)?;
+    }
+    Ok(tasks)
+}
