@@ -449,9 +449,11 @@ fn rotation_keeps_old_tokens_valid_only_when_listed() {
             BTreeMap::new(),
         )
         .expect("mint");
+    let worker_log = env.home.path().join("w-rotated.log");
     let mut worker = WorkerProc(
         Command::new(env!("CARGO_BIN_EXE_iris"))
             .env("IRIS_WORKER_TOKEN", &old_worker)
+            .env("IRIS_LOG", "warn")
             .args([
                 "--controller-url",
                 &env.proxy,
@@ -465,11 +467,23 @@ fn rotation_keeps_old_tokens_valid_only_when_listed() {
             .arg("--cache-dir")
             .arg(env.home.path().join("w-rotated"))
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&worker_log).expect("worker log"))
             .spawn()
             .expect("spawn worker"),
     );
-    std::thread::sleep(Duration::from_secs(3));
+    // The controller has answered two registrations, refusing both, and the worker tries again.
+    common::wait_until(
+        Duration::from_secs(30),
+        "the worker's registration to be refused twice",
+        || {
+            std::fs::read_to_string(&worker_log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("registration failed") && l.contains("unauthenticated"))
+                .count()
+                >= 2
+        },
+    );
     assert_eq!(
         env.cluster
             .query_i64("SELECT count(*) FROM workers WHERE worker_id = 'w-rotated'"),

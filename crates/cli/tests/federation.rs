@@ -437,7 +437,16 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
     for j in &fill {
         a.iris(&["job", "cancel", j]).ok();
     }
-    std::thread::sleep(Duration::from_secs(1));
+    // A later job of the same band and shape reaching cw-a proves the hub promoted against the
+    // freed capacity; the cancelled job, queued before it, would have gone first.
+    let marker = run(
+        &hub,
+        "after-cancel",
+        &["--gpu", "H100x8", "--priority", "batch"],
+        &["true"],
+    );
+    wait_state(&hub, &marker, "succeeded");
+    assert_eq!(a.job_state(&marker).as_deref(), Some("succeeded"));
     assert_eq!(
         a.job_state(&waits),
         None,

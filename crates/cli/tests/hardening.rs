@@ -11,14 +11,7 @@ use common::*;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
-
-fn epoch_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64
-}
+use std::time::Duration;
 
 fn corpus_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/malformed")
@@ -197,10 +190,8 @@ fn malformed_requests_get_connect_errors_and_the_controller_stays_up() {
             },
             other => panic!("{name}: bad case {other:?}"),
         };
-        let t = Instant::now();
         let (status, head, body) = exchange(&c.url, path, &headers, body)
             .unwrap_or_else(|e| panic!("{name}: no response: {e}"));
-        let took = t.elapsed();
         assert_ne!(status, 200, "{name}: accepted");
         assert!(
             head.to_ascii_lowercase()
@@ -229,7 +220,14 @@ fn malformed_requests_get_connect_errors_and_the_controller_stays_up() {
             assert!(msg.contains(want), "{name}: message {msg:?} lacks {want:?}");
         }
         if case["transport"] == "announce-oversized" {
-            assert!(took < Duration::from_secs(5), "{name}: took {took:?}");
+            // Only 4 KiB of the announced 1 GiB is ever sent and the connection stays open, so
+            // an answer at all means the server did not wait for the body; the message says it
+            // was refused from the Content-Length header (not cut off while reading).
+            let msg = v["message"].as_str().unwrap_or("");
+            assert!(
+                msg.contains(&format!("request body of {} bytes exceeds", 1u64 << 30)),
+                "{name}: not refused from the header: {msg:?}"
+            );
         }
         assert!(alive(pid), "{name}: the controller died");
         assert!(healthy(&c.url), "{name}: the controller stopped answering");
@@ -245,7 +243,7 @@ fn malformed_requests_get_connect_errors_and_the_controller_stays_up() {
 
 #[test]
 fn query_refuses_writes_and_stops_runaway_queries_while_jobs_run() {
-    let c = TestCluster::start_with_args(&[WorkerSpec::cpu(4)], None, &["--query-timeout", "1"]);
+    let c = TestCluster::start_with_args(&[WorkerSpec::cpu(4)], None, &["--query-timeout", "5"]);
     c.submit("seed", &[], &["true"]);
     c.wait_job("/u/seed", "succeeded");
     for sql in [
@@ -273,58 +271,57 @@ fn query_refuses_writes_and_stops_runaway_queries_while_jobs_run() {
     );
     assert!(!std::path::Path::new("/tmp/iris-attack.db").exists());
 
-    // Two runaway recursive CTEs at once; the controller keeps admitting and scheduling.
+    // Two runaway recursive CTEs at once; the controller keeps admitting and scheduling. They
+    // share one read connection, so they run one after the other, each for the whole limit.
     let runaway =
         "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r";
-    let t = Instant::now();
-    let mut q1 = c.spawn_iris(&["query", runaway]);
-    let mut q2 = c.spawn_iris(&["query", runaway]);
-    std::thread::sleep(Duration::from_millis(200));
+    let mut queries = [
+        c.spawn_iris(&["query", runaway]),
+        c.spawn_iris(&["query", runaway]),
+    ];
+    // The first to end has held the read connection for its whole limit; the other, sent with
+    // it, holds the connection next, for its whole limit, while the job below goes through.
+    let first = wait_for(SHORT, "a runaway query to be stopped", || {
+        queries
+            .iter_mut()
+            .position(|q| q.try_wait().expect("try_wait").is_some())
+    });
+    let second = 1 - first;
     c.submit("during", &[], &["echo", "during"]);
-    let submitted = t.elapsed();
-    let s1 = q1.wait().expect("query 1");
-    let s2 = q2.wait().expect("query 2");
-    let queries_done = t.elapsed();
-    let queries_done_ms = epoch_ms();
-    let mut e1 = String::new();
-    q1.stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut e1)
-        .expect("read");
-    let mut e2 = String::new();
-    q2.stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut e2)
-        .expect("read");
-    assert!(!s1.success() && !s2.success());
-    for e in [&e1, &e2] {
+    wait_until(
+        SHORT,
+        "the job submitted during the queries to be assigned",
+        || {
+            c.summary("/u/during")["tasks"][0]["worker_id"]
+                .as_str()
+                .is_some_and(|w| !w.is_empty())
+        },
+    );
+    assert!(
+        queries[second].try_wait().expect("try_wait").is_none(),
+        "the job was admitted and scheduled only after the runaway queries stopped"
+    );
+    wait_exit(
+        &mut queries[second],
+        SHORT,
+        "the second runaway query to be stopped",
+    );
+    for q in &mut queries {
+        let st = q.wait().expect("query");
+        let mut e = String::new();
+        q.stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut e)
+            .expect("read");
+        assert!(!st.success(), "{e}");
+        // Stopped by the time limit, not by anything else.
         assert!(
             e.contains("time limit") && e.contains("deadline_exceeded"),
             "{e}"
         );
     }
-    // One read connection serves queries in turn: two 1 s queries end within ~2 s, far from
-    // running forever.
-    assert!(
-        queries_done >= Duration::from_millis(900),
-        "{queries_done:?}"
-    );
-    assert!(queries_done < Duration::from_secs(6), "{queries_done:?}");
     c.wait_job("/u/during", "succeeded");
-    let assigned = c.attempts("/u/during/0")[0]["created_at_ms"]
-        .as_i64()
-        .expect("created_at_ms");
-    eprintln!(
-        "submitted after {submitted:?}; assigned {} ms before the runaway queries stopped at {queries_done:?}",
-        queries_done_ms - assigned
-    );
-    assert!(submitted < queries_done, "admission waited for the queries");
-    assert!(
-        assigned < queries_done_ms,
-        "the job was scheduled only after the queries stopped"
-    );
     // Still answering queries.
     assert_eq!(c.job_count(), 2);
 }

@@ -587,6 +587,13 @@ impl TestApiServer {
         self.shared.lock().requests.clear();
     }
 
+    /// Simulation passes completed so far (idle ticks that skip the pass are not counted). A
+    /// pass that ends after this count rose by two began after the call that read it, so tests
+    /// can wait for the controllers to have seen a change, or to have had the chance to act.
+    pub fn passes(&self) -> u64 {
+        self.shared.lock().sim.passes
+    }
+
     /// Container processes currently running.
     pub fn running_processes(&self) -> usize {
         self.shared.lock().kubelet.live_process_count()

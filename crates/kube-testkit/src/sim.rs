@@ -54,6 +54,7 @@ pub(crate) async fn step(shared: &Arc<Shared>, weak: &Weak<Shared>) {
     if cl.store.resource_version() == rv {
         cl.sim.settled_rv = rv;
     }
+    cl.sim.passes += 1;
 }
 
 /// When the simulation last ran and what it had seen.
@@ -64,6 +65,8 @@ pub(crate) struct SimState {
     /// A setting changed since the last pass.
     pub(crate) dirty: bool,
     last_full: Option<std::time::Instant>,
+    /// Passes completed (skipped idle ticks not counted).
+    pub(crate) passes: u64,
 }
 
 /// The pod garbage collector's orphan rule: a pod bound to a node that no longer exists gets

@@ -120,6 +120,13 @@ fn wl_condition(wl: &DynamicObject, kind: &str) -> Option<Value> {
         .cloned()
 }
 
+/// Waits until the simulation has completed a whole pass that began after this call, so its
+/// controllers have seen everything written before it.
+async fn wait_full_pass(server: &TestApiServer, what: &str) {
+    let seen = server.passes();
+    wait_until(what, || async { server.passes() >= seen + 2 }).await;
+}
+
 /// Waits (through a `kube_runtime` watcher) until the pod satisfies `cond`.
 async fn wait_pod(api: &Api<Pod>, name: &str, what: &str, cond: impl Fn(&Pod) -> bool) -> Pod {
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -415,7 +422,7 @@ async fn gangs_are_admitted_whole_and_preempt_lower_priority() {
     )
     .await
     .expect("created");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_full_pass(&server, "Kueue has seen the half gang").await;
     assert!(
         workloads.get_opt("pg-high").await.expect("get").is_none(),
         "no workload before the group is complete"
@@ -553,20 +560,29 @@ async fn disruption_fails_the_pod_and_kills_its_process() {
         .await
         .expect("created");
     wait_pod(&pods, "idle", "Running", |p| phase(p) == "Running").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = pods
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .metadata
-        .resource_version;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = pods
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .metadata
-        .resource_version;
+    let version = || async {
+        pods.list(&ListParams::default())
+            .await
+            .expect("list")
+            .metadata
+            .resource_version
+    };
+    // Settled: a whole pass over the running pod wrote nothing.
+    let before = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let start = version().await;
+            wait_full_pass(&server, "a pass over the running pod").await;
+            if version().await == start {
+                return start;
+            }
+        }
+    })
+    .await
+    .expect("the simulation settles");
+    // Two more whole passes over the idle cluster write nothing either.
+    wait_full_pass(&server, "a pass over the idle cluster").await;
+    wait_full_pass(&server, "another pass over the idle cluster").await;
+    let after = version().await;
     assert_eq!(before, after, "no writes while nothing changes");
     pods.delete("idle", &DeleteParams::default())
         .await

@@ -37,6 +37,24 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
+/// Waits for `child` to exit and returns its status; after `timeout` kills it and panics naming
+/// `what` (the timeout only bounds a failure).
+#[track_caller]
+pub fn wait_exit(child: &mut Child, timeout: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A finished CLI invocation.
 #[derive(Debug)]
 pub struct Out {
@@ -408,6 +426,16 @@ impl TestCluster {
             .unwrap_or_default()
     }
 
+    /// A worker's pid.
+    pub fn worker_pid(&self, id: &str) -> u32 {
+        self.workers
+            .iter()
+            .find(|w| w.name == id)
+            .expect("known worker")
+            .child
+            .id()
+    }
+
     /// `kill -9` a worker's process (the controller is not told).
     pub fn kill_worker(&mut self, id: &str) {
         let p = self
@@ -617,6 +645,25 @@ pub fn alive(pid: u32) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// The live child processes of `pid` (for a worker: its tasks' top processes).
+pub fn child_pids(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in threads.flatten() {
+        let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        out.extend(
+            kids.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    out.retain(|p| alive(*p));
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// Pids written one per line to a file (empty if the file does not exist yet).
