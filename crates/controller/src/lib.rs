@@ -11,6 +11,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod federation;
 mod highlights;
+mod inspect;
 mod limits;
 mod reconcile;
 mod service;

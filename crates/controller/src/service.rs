@@ -170,6 +170,10 @@ async fn dispatch_inner(
         ("iris.cluster.EndpointService", "ListEndpoints") => call!(list_endpoints),
         ("finelog.logging.LogService", "FetchLogs") => call!(fetch_logs),
         ("finelog.logging.LogService", "PushLogs") => call!(push_logs),
+        ("iris.inspect.InspectService", "ListTaskEvents") => call!(list_task_events),
+        ("iris.inspect.InspectService", "CountJobs") => call!(count_jobs),
+        ("iris.inspect.InspectService", "ListAttempts") => call!(list_attempts),
+        ("iris.inspect.InspectService", "ListResourceHolds") => call!(list_resource_holds),
         _ => unimplemented(&service, &method),
     }
 }

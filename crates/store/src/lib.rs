@@ -5,6 +5,7 @@
 //! the task, calls `iris_types::transition`, and writes the result in the caller's transaction.
 
 pub mod federation;
+pub mod inspect;
 pub mod logs;
 pub mod ops;
 pub mod query;
