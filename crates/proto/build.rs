@@ -19,6 +19,7 @@ const PROTO_FILES: &[&str] = &[
     "iris/vm.proto",
     "iris/controller.proto",
     "iris/worker.proto",
+    "iris/inspect.proto",
     "finelog/logging.proto",
 ];
 

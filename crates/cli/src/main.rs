@@ -222,18 +222,37 @@ struct BulkArgs {
 
 #[derive(Subcommand)]
 enum TaskCmd {
-    List { job_id: String },
-    Describe { task_id: String },
+    List {
+        job_id: String,
+    },
+    Describe {
+        task_id: String,
+    },
     Logs(LogArgs),
-    Events { task_id: String },
+    /// A task's events (every attempt's), oldest first.
+    Events {
+        task_id: String,
+        /// Show at most this many, the most recent (default 1000, at most 10000).
+        #[arg(long, default_value_t = 0)]
+        limit: i32,
+    },
     Preempt(BulkArgs),
     Fail(BulkArgs),
 }
 
 #[derive(Subcommand)]
 enum AttemptCmd {
-    Describe { attempt_id: String },
+    Describe {
+        attempt_id: String,
+    },
     Logs(LogArgs),
+    /// One attempt's events (`<task>:<N>`), oldest first.
+    Events {
+        attempt_id: String,
+        /// Show at most this many, the most recent (default 1000, at most 10000).
+        #[arg(long, default_value_t = 0)]
+        limit: i32,
+    },
     Preempt(BulkArgs),
     Fail(BulkArgs),
 }
@@ -357,6 +376,50 @@ async fn call<Req: prost::Message, Resp: prost::Message + Default>(
     client
         .call(SVC, method, req, Duration::from_secs(timeout))
         .await
+}
+
+/// Calls Iris's own `iris.inspect.InspectService` (typed reads; not in the published protocol).
+async fn call_inspect<Req: prost::Message, Resp: prost::Message + Default>(
+    client: &Client,
+    method: &str,
+    req: &Req,
+) -> Result<Resp, RpcError> {
+    client
+        .call(
+            iris_proto::INSPECT_SERVICE,
+            method,
+            req,
+            Duration::from_secs(30),
+        )
+        .await
+}
+
+/// Prints `ListTaskEvents` for a task (optionally one attempt), with a note on stderr when
+/// earlier events were left out.
+async fn task_events(
+    cl: &Client,
+    task_id: &str,
+    attempt_id: Option<i32>,
+    limit: i32,
+) -> anyhow::Result<i32> {
+    let r: iris_proto::inspect::ListTaskEventsResponse = call_inspect(
+        cl,
+        "ListTaskEvents",
+        &iris_proto::inspect::ListTaskEventsRequest {
+            task_id: task_id.to_string(),
+            attempt_id,
+            limit,
+        },
+    )
+    .await?;
+    output::print_events(&r.events);
+    if r.omitted > 0 {
+        eprintln!(
+            "({} earlier event(s) not shown; pass --limit up to 10000 to see more)",
+            r.omitted
+        );
+    }
+    Ok(0)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
@@ -1159,20 +1222,9 @@ async fn task_cmd(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> {
             let src = format!("{}:", l.target);
             logs(&cl, &l, &src, 2, None).await
         }
-        TaskCmd::Events { task_id } => {
+        TaskCmd::Events { task_id, limit } => {
             iris_types::TaskId::parse(&task_id).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let sql = format!(
-                "SELECT ts_ms, attempt_id, type, reason, message, source FROM task_events WHERE task_id = '{}' ORDER BY id",
-                task_id.replace('\'', "''")
-            );
-            let r: iris_proto::query::RawQueryResponse = call(
-                &cl,
-                "ExecuteRawQuery",
-                &iris_proto::query::RawQueryRequest { sql },
-            )
-            .await?;
-            output::print_events(&r)?;
-            Ok(0)
+            task_events(&cl, &task_id, None, limit).await
         }
         TaskCmd::Preempt(b) => kick(&cl, &b, 10).await,
         TaskCmd::Fail(b) => kick(&cl, &b, 5).await,
@@ -1206,6 +1258,14 @@ async fn attempt_cmd(a: AttemptCmd, url: Option<String>) -> anyhow::Result<i32> 
             iris_types::AttemptId::parse(&l.target).map_err(|e| anyhow::anyhow!("{e}"))?;
             let src = l.target.clone();
             logs(&cl, &l, &src, 1, None).await
+        }
+        AttemptCmd::Events { attempt_id, limit } => {
+            let id =
+                iris_types::AttemptId::parse(&attempt_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let n = i32::try_from(id.attempt).map_err(|_| {
+                anyhow::anyhow!("{attempt_id}: attempt number {} is too large", id.attempt)
+            })?;
+            task_events(&cl, &id.task.to_string(), Some(n), limit).await
         }
         AttemptCmd::Preempt(b) => kick(&cl, &b, 10).await,
         AttemptCmd::Fail(b) => kick(&cl, &b, 5).await,

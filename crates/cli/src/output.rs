@@ -345,30 +345,28 @@ pub fn print_query(r: &iris_proto::query::RawQueryResponse, format: &str) -> any
     Ok(())
 }
 
-pub fn print_events(r: &iris_proto::query::RawQueryResponse) -> anyhow::Result<()> {
-    let mut rows = Vec::new();
-    for s in &r.rows {
-        let v: Vec<serde_json::Value> = serde_json::from_str(s)?;
-        let ts = v
-            .first()
-            .and_then(|x| x.as_i64())
-            .and_then(chrono::DateTime::from_timestamp_millis)
-            .map(|d| d.format("%H:%M:%S%.3f").to_string())
-            .unwrap_or_default();
-        rows.push(vec![
-            ts,
-            v.get(1).map(cell).unwrap_or_default(),
-            v.get(2).map(cell).unwrap_or_default(),
-            v.get(3).map(cell).unwrap_or_default(),
-            v.get(4).map(cell).unwrap_or_default(),
-            v.get(5).map(cell).unwrap_or_default(),
-        ]);
-    }
+/// `task events` / `attempt events`: one line per event, oldest first.
+pub fn print_events(events: &[iris_proto::inspect::TaskEvent]) {
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            let ts = chrono::DateTime::from_timestamp_millis(e.ts_ms)
+                .map(|d| d.format("%H:%M:%S%.3f").to_string())
+                .unwrap_or_default();
+            vec![
+                ts,
+                e.attempt_id.map(|a| a.to_string()).unwrap_or_default(),
+                e.r#type.clone(),
+                e.reason.clone(),
+                e.message.clone(),
+                e.source.clone(),
+            ]
+        })
+        .collect();
     table(
         &["TIME", "ATTEMPT", "TYPE", "REASON", "MESSAGE", "SOURCE"],
         &rows,
     );
-    Ok(())
 }
 
 pub fn summary_json(j: &job::JobStatus, tasks: &[job::TaskStatus]) -> serde_json::Value {

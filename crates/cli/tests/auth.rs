@@ -323,6 +323,104 @@ fn enforcing_controller_behind_a_proxy() {
     assert!(ok && out.contains("alice") && out.contains("user"), "{out}");
 }
 
+/// `task events` and the dashboard's reads go through `iris.inspect.InspectService`, not the
+/// admin-only `ExecuteRawQuery`: the job's owner reads its events, another user is refused the
+/// same way whether or not the task exists, and the dashboard role reads events, counts and holds.
+#[test]
+fn typed_reads_follow_roles_and_ownership() {
+    let env = Env::start("");
+    let alice = env.user("alice", "user");
+    let bob = env.user("bob", "user");
+    let viewer = env.user("viewer", "user");
+    let (ok, out, err) = env.iris(
+        Some(&alice),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "alice",
+            "--job-name",
+            "ev",
+            "--",
+            "sleep",
+            "30",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "/alice/ev");
+
+    // The owner (a plain user) reads the task's events, with the same columns as before.
+    let out = common::wait_for(Duration::from_secs(30), "the task to be assigned", || {
+        let (ok, out, _) = env.iris(Some(&alice), &["task", "events", "/alice/ev/0"]);
+        (ok && out.contains("TaskAssigned")).then_some(out)
+    });
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["TIME", "ATTEMPT", "TYPE", "REASON", "MESSAGE", "SOURCE"],
+        "{out}"
+    );
+    let (ok, out, err) = env.iris(Some(&alice), &["attempt", "events", "/alice/ev/0:0"]);
+    assert!(ok && out.contains("TaskAssigned"), "{out}{err}");
+    let (ok, _, err) = env.iris(Some(&alice), &["attempt", "events", "/alice/ev/0:7"]);
+    assert!(
+        !ok && err.contains("not_found") && err.contains("/alice/ev/0:7"),
+        "{err}"
+    );
+    let (ok, _, err) = env.iris(Some(&alice), &["task", "events", "/alice/nothing/0"]);
+    assert!(
+        !ok && err.contains("not_found") && err.contains("/alice/nothing/0"),
+        "{err}"
+    );
+
+    // Another user is refused, and the refusal is the same for a task that does not exist.
+    let (ok, _, err) = env.iris(Some(&bob), &["task", "events", "/alice/ev/0"]);
+    assert!(!ok && err.contains("permission_denied"), "{err}");
+    let (ok, _, err2) = env.iris(Some(&bob), &["task", "events", "/alice/nothing/0"]);
+    assert!(!ok && err2.contains("permission_denied"), "{err2}");
+
+    let post = |token: &str, method: &str, body: &str| {
+        common::http_post_json_with(
+            &env.proxy,
+            &format!("/iris.inspect.InspectService/{method}"),
+            body,
+            &[("authorization", &format!("Bearer {token}"))],
+        )
+    };
+    // A malformed id is refused naming the field.
+    let (status, body) = post(&alice, "ListTaskEvents", r#"{"taskId":"ev/0"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("task_id"), "{body}");
+
+    // The dashboard role reads events, job counts and resource holds.
+    let (status, body) = post(&viewer, "ListTaskEvents", r#"{"taskId":"/alice/ev/0"}"#);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("TaskAssigned"), "{body}");
+    let (status, body) = post(&viewer, "CountJobs", r#"{"jobIdPrefix":"/alice/"}"#);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("JOB_STATE_"), "{body}");
+    let (status, body) = post(&viewer, "ListResourceHolds", "{}");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("/alice/ev"),
+        "the running attempt holds its worker: {body}"
+    );
+    // Roles outside the read path are refused.
+    let worker = env.user("system:worker", "worker");
+    let (status, body) = post(&worker, "CountJobs", "{}");
+    assert_eq!(status, 403, "{body}");
+
+    let (ok, _, err) = env.iris(Some(&alice), &["job", "cancel", "/alice/ev"]);
+    assert!(ok, "{err}");
+}
+
 #[test]
 fn task_token_submits_children_only_under_its_job() {
     let env = Env::start("");
@@ -630,6 +728,19 @@ fn dashboard_login_and_roles() {
     let (status, _, body) = common::http_get(&dash, "/query", Some(&viewer));
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("admin role"), "{body}");
+    // Its task page shows events and attempts read through typed RPCs, not SQL.
+    let body = common::wait_for(
+        Duration::from_secs(30),
+        "the task page to show the assignment",
+        || {
+            let (status, _, body) = common::http_get(&dash, "/task/root/seen/0", Some(&viewer));
+            (status == 200 && body.contains("TaskAssigned")).then_some(body)
+        },
+    );
+    assert!(!body.contains("Cannot read task events"), "{body}");
+    assert!(body.contains("<svg class=\"timeline\""), "{body}");
+    let (status, _, body) = common::http_get(&dash, "/workers", Some(&viewer));
+    assert_eq!(status, 200, "{body}");
     // A forged session is refused, not downgraded.
     let forged = iris_auth::Keypair::generate()
         .mint(

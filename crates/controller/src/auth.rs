@@ -303,11 +303,12 @@ pub fn authorize(id: &Identity, service: &str, method: &str) -> Result<(), RpcEr
         ))
     };
     let log_read = service == "finelog.logging.LogService" && method == "FetchLogs";
+    let inspect_read = service == iris_proto::INSPECT_SERVICE; // it only has reads
     match id.role {
         Role::Admin => Ok(()),
         Role::Endpoint => deny("a control-plane token; endpoint tokens only reach /proxy"),
         Role::Dashboard => {
-            if log_read || iris_auth::DASHBOARD_METHODS.contains(&method) {
+            if log_read || inspect_read || iris_auth::DASHBOARD_METHODS.contains(&method) {
                 Ok(())
             } else {
                 deny("a user or admin role; the dashboard role is read-only")

@@ -14,6 +14,7 @@ mod config;
 mod error;
 pub mod federation;
 mod highlights;
+mod inspect;
 mod limits;
 mod reconcile;
 mod rpc;

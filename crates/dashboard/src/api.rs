@@ -1,8 +1,10 @@
-//! The controller's public API as the dashboard uses it: the same Connect RPCs as the CLI
-//! (`iris.cluster.ControllerService`, `finelog.logging.LogService`), over loopback.
+//! The controller's API as the dashboard uses it: the same Connect RPCs as the CLI
+//! (`iris.cluster.ControllerService`, `iris.inspect.InspectService`,
+//! `finelog.logging.LogService`), over loopback. Only the admin's Query page sends SQL.
 
 use iris_proto::cluster::controller as c;
 use iris_proto::finelog_logging as fl;
+use iris_proto::inspect as pb;
 use iris_proto::query;
 use iris_rpc::{Client, RpcError};
 use std::time::Duration;
@@ -11,7 +13,7 @@ const CONTROLLER: &str = "iris.cluster.ControllerService";
 const LOGS: &str = "finelog.logging.LogService";
 const TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A query result: column names and rows of JSON cells.
+/// The Query page's result: column names and rows of JSON cells.
 #[derive(Clone, Debug, Default)]
 pub struct Table {
     pub columns: Vec<String>,
@@ -22,23 +24,6 @@ impl Table {
     /// The column's index by name.
     pub fn col(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|c| c == name)
-    }
-}
-
-/// Cell helpers for query rows.
-pub fn cell_str(row: &[serde_json::Value], i: usize) -> String {
-    match row.get(i) {
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(serde_json::Value::Null) | None => String::new(),
-        Some(v) => v.to_string(),
-    }
-}
-
-pub fn cell_i64(row: &[serde_json::Value], i: usize) -> Option<i64> {
-    match row.get(i)? {
-        serde_json::Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
-        serde_json::Value::String(s) => s.parse().ok(),
-        _ => None,
     }
 }
 
@@ -151,7 +136,54 @@ impl Api {
             .await
     }
 
-    /// `ExecuteRawQuery`, with each row's JSON array parsed.
+    async fn inspect<Req: prost::Message, Resp: prost::Message + Default>(
+        &self,
+        method: &str,
+        req: &Req,
+    ) -> Result<Resp, RpcError> {
+        self.cl
+            .call(iris_proto::INSPECT_SERVICE, method, req, TIMEOUT)
+            .await
+    }
+
+    /// Job counts by state under the job list's filters.
+    pub async fn count_jobs(
+        &self,
+        req: &pb::CountJobsRequest,
+    ) -> Result<pb::CountJobsResponse, RpcError> {
+        self.inspect("CountJobs", req).await
+    }
+
+    /// Every attempt of a job or of a task (default limit).
+    pub async fn list_attempts(
+        &self,
+        req: &pb::ListAttemptsRequest,
+    ) -> Result<pb::ListAttemptsResponse, RpcError> {
+        self.inspect("ListAttempts", req).await
+    }
+
+    /// A task's events, oldest first (the controller's default limit).
+    pub async fn list_task_events(
+        &self,
+        task_id: &str,
+    ) -> Result<pb::ListTaskEventsResponse, RpcError> {
+        self.inspect(
+            "ListTaskEvents",
+            &pb::ListTaskEventsRequest {
+                task_id: task_id.to_string(),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// What each open attempt holds on its worker.
+    pub async fn list_resource_holds(&self) -> Result<pb::ListResourceHoldsResponse, RpcError> {
+        self.inspect("ListResourceHolds", &pb::ListResourceHoldsRequest {})
+            .await
+    }
+
+    /// `ExecuteRawQuery` (the admin's Query page only), with each row's JSON array parsed.
     pub async fn query(&self, sql: &str) -> Result<Table, RpcError> {
         let r: query::RawQueryResponse = self
             .ctl(

@@ -129,11 +129,6 @@ pub const STATE_ORDER: &[&str] = &[
     "unschedulable",
 ];
 
-/// A SQL string literal with quotes escaped.
-pub fn sql_str(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
 /// A URL query component, percent-encoded.
 pub fn qs(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -171,8 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn sql_and_url_escaping() {
-        assert_eq!(sql_str("a'b"), "'a''b'");
+    fn url_escaping() {
         assert_eq!(id_path("job", "/u/my job"), "/job/u/my%20job");
         assert_eq!(qs("a[b"), "a%5Bb");
     }

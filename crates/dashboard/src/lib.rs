@@ -1,8 +1,9 @@
 //! The Iris web dashboard: server-rendered pages over the controller's public API.
 //!
 //! [`serve`] binds its own port and reads the cluster only through the Connect RPCs the CLI uses
-//! (`iris.cluster.ControllerService`, `finelog.logging.LogService/FetchLogs`), over loopback; it
-//! never opens the controller's DB. Pages are HTML rendered with `maud`, with inline SVG
+//! (`iris.cluster.ControllerService`, `iris.inspect.InspectService`,
+//! `finelog.logging.LogService/FetchLogs`), over loopback; it never opens the controller's DB and
+//! sends SQL only from the admin's Query page. Pages are HTML rendered with `maud`, with inline SVG
 //! pictures; a small hand-written script (embedded, like the stylesheet) refreshes each page's
 //! live region, follows logs and runs the find box.
 //!
@@ -229,11 +230,9 @@ pub async fn jobs(
     Query(f): Query<pages::JobsFilter>,
     headers: HeaderMap,
 ) -> Response {
-    let counts_sql = f.counts_sql();
-    let (list, counts) = tokio::join!(api.list_jobs(f.query()), api.query(&counts_sql));
-    let counts = counts
-        .map(|t| pages::state_counts(&t, true))
-        .unwrap_or_default();
+    let counts_req = f.counts_request();
+    let (list, counts) = tokio::join!(api.list_jobs(f.query()), api.count_jobs(&counts_req));
+    let counts = counts.map(|r| pages::state_counts(&r)).unwrap_or_default();
     let shown;
     let (status, list) = match &list {
         Ok(r) => (StatusCode::OK, Ok(r)),
@@ -262,15 +261,14 @@ async fn job(
     headers: HeaderMap,
 ) -> Response {
     let id = format!("/{}", id.trim_matches('/'));
-    let attempts_sql = format!(
-        "{}{} ORDER BY t.task_index, a.attempt_id LIMIT 5000",
-        pages::JOB_ATTEMPTS_SQL_HEAD,
-        fmt::sql_str(&id)
-    );
+    let attempts_req = iris_proto::inspect::ListAttemptsRequest {
+        job_id: id.clone(),
+        ..Default::default()
+    };
     let (status, tasks, attempts) = tokio::join!(
         api.job_status(&id),
         api.list_tasks(&id),
-        api.query(&attempts_sql)
+        api.list_attempts(&attempts_req)
     );
     let status = match status {
         Ok(s) => s,
@@ -286,7 +284,7 @@ async fn job(
     };
     let tasks = tasks.map(|t| t.tasks).unwrap_or_default();
     let attempts = attempts
-        .map(|t| pages::attempts_from(&t))
+        .map(|r| pages::attempts_from(&r.attempts))
         .unwrap_or_default();
     let children = if j.has_children {
         api.list_jobs(c::JobQuery {
@@ -324,11 +322,14 @@ async fn task(
         tail: true,
         ..Default::default()
     };
-    let (attempts_sql, events_sql) = (pages::task_attempts_sql(&id), pages::events_sql(&id));
+    let attempts_req = iris_proto::inspect::ListAttemptsRequest {
+        task_id: id.clone(),
+        ..Default::default()
+    };
     let (status, attempts, events, tail) = tokio::join!(
         api.task_status(&id),
-        api.query(&attempts_sql),
-        api.query(&events_sql),
+        api.list_attempts(&attempts_req),
+        api.list_task_events(&id),
         api.fetch_logs(&logs_req)
     );
     let status = match status {
@@ -336,11 +337,15 @@ async fn task(
         Err(e) => return fail(&headers, Nav::Jobs, &format!("Task {id}"), &e),
     };
     let spans = attempts
-        .map(|t| pages::attempts_from(&t).remove(&id).unwrap_or_default())
+        .map(|r| {
+            pages::attempts_from(&r.attempts)
+                .remove(&id)
+                .unwrap_or_default()
+        })
         .unwrap_or_default();
     let events_err;
     let events = match &events {
-        Ok(t) => Ok(t),
+        Ok(r) => Ok(r),
         Err(e) => {
             events_err = e.message.clone();
             Err(events_err.as_str())
@@ -471,8 +476,8 @@ async fn logs(
 }
 
 async fn open_holds(api: &Api) -> Result<Vec<model::Hold>, RpcError> {
-    let t = api.query(model::OPEN_ATTEMPTS_SQL).await?;
-    Ok(t.rows.iter().map(|r| model::Hold::from_row(r)).collect())
+    let r = api.list_resource_holds().await?;
+    Ok(r.holds.iter().map(model::Hold::from).collect())
 }
 
 async fn workers(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {

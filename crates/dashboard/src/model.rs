@@ -1,16 +1,12 @@
 //! Figures the pages show that no single RPC returns: device capacity per variant (Backends) and
-//! committed resources per worker (Workers), computed from `ListWorkers` plus the open attempts.
-//! Pure functions over already-fetched data, so they are tested without a controller.
+//! committed resources per worker (Workers), computed from `ListWorkers` plus the open attempts'
+//! `ListResourceHolds`. Pure functions over already-fetched data, so they are tested without a
+//! controller.
 
 use iris_proto::cluster::controller as c;
-use iris_proto::job::{self, device_config::Device};
+use iris_proto::inspect as pb;
+use iris_proto::job::device_config::Device;
 use std::collections::BTreeMap;
-
-/// The SQL for open attempts (those still holding resources on a worker): one row per attempt.
-pub const OPEN_ATTEMPTS_SQL: &str = "SELECT a.worker_id, c.res_device_json, t.priority_band, \
-     c.res_cpu_millicores, c.res_memory_bytes, t.job_id \
-     FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id \
-     JOIN job_config c ON c.job_id = t.job_id WHERE a.finished_at_ms IS NULL";
 
 /// One open attempt's hold on a worker.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -23,27 +19,20 @@ pub struct Hold {
     pub memory_bytes: i64,
 }
 
-impl Hold {
-    /// Parses a row of [`OPEN_ATTEMPTS_SQL`].
-    pub fn from_row(row: &[serde_json::Value]) -> Hold {
-        use crate::api::{cell_i64, cell_str};
-        let dev_json = cell_str(row, 1);
-        let device = if dev_json.is_empty() {
-            None
-        } else {
-            serde_json::from_str::<job::DeviceConfig>(&dev_json)
-                .ok()
-                .and_then(|d| d.device)
-        };
+impl From<&pb::ResourceHold> for Hold {
+    /// One row of `ListResourceHolds`.
+    fn from(h: &pb::ResourceHold) -> Hold {
         Hold {
-            worker_id: cell_str(row, 0),
-            device,
-            band: cell_i64(row, 2).unwrap_or(0) as i32,
-            cpu_millicores: cell_i64(row, 3).unwrap_or(0),
-            memory_bytes: cell_i64(row, 4).unwrap_or(0),
+            worker_id: h.worker_id.clone(),
+            device: h.device.as_ref().and_then(|d| d.device.clone()),
+            band: h.band,
+            cpu_millicores: h.cpu_millicores,
+            memory_bytes: h.memory_bytes,
         }
     }
+}
 
+impl Hold {
     /// Accelerator units this hold takes (GPUs or TPU chips).
     fn units(&self) -> i64 {
         match &self.device {
@@ -195,6 +184,7 @@ pub fn committed(holds: &[Hold]) -> BTreeMap<String, Committed> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use iris_proto::job;
 
     pub fn gpu_worker(id: &str, variant: &str, n: i32, healthy: bool) -> c::WorkerHealthStatus {
         c::WorkerHealthStatus {
@@ -255,16 +245,29 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn holds_parse_from_query_rows() {
-        let row: Vec<serde_json::Value> = serde_json::from_str(
-            r#"["w0", "{\"gpu\":{\"variant\":\"H100\",\"count\":8}}", 2, 1000, 1073741824, "/u/j"]"#,
-        )
-        .expect("row");
-        let h = Hold::from_row(&row);
+    fn holds_come_from_list_resource_holds() {
+        let gpu = pb::ResourceHold {
+            worker_id: "w0".into(),
+            job_id: "/u/j".into(),
+            band: 2,
+            cpu_millicores: 1000,
+            memory_bytes: 1 << 30,
+            device: Some(job::DeviceConfig {
+                device: Some(Device::Gpu(job::GpuDevice {
+                    variant: "H100".into(),
+                    count: 8,
+                })),
+            }),
+            ..Default::default()
+        };
+        let h = Hold::from(&gpu);
         assert_eq!(h.units(), 8);
-        assert_eq!(h.band, 2);
-        let cpu_row: Vec<serde_json::Value> =
-            serde_json::from_str(r#"["w0", null, 3, 500, 0, "/u/j"]"#).expect("row");
-        assert_eq!(Hold::from_row(&cpu_row).device, None);
+        assert_eq!((h.band, h.cpu_millicores), (2, 1000));
+        let cpu = pb::ResourceHold {
+            device: None,
+            ..gpu
+        };
+        assert_eq!(Hold::from(&cpu).device, None);
+        assert_eq!(Hold::from(&cpu).units(), 0);
     }
 }

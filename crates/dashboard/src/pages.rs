@@ -3,12 +3,13 @@
 //! Every page has a static part (heading, forms) and a live part (`div#live`) that the browser
 //! refreshes by fetching the same URL with the `x-iris-fragment` header and swapping it in.
 
-use crate::api::{cell_str, Table};
+use crate::api::Table;
 use crate::fmt;
 use crate::model::{Committed, Variant};
 use crate::svg;
 use iris_proto::cluster::controller as c;
 use iris_proto::finelog_logging as fl;
+use iris_proto::inspect as pb;
 use iris_proto::job;
 use maud::{html, Markup, DOCTYPE};
 use std::collections::BTreeMap;
@@ -192,28 +193,12 @@ impl JobsFilter {
         }
     }
 
-    /// SQL for job counts by state under the same filters (for the state bar).
-    pub fn counts_sql(&self) -> String {
-        let mut w = vec!["1=1".to_string()];
-        let p = self.id_prefix();
-        if !p.is_empty() {
-            w.push(format!(
-                "substr(job_id, 1, {}) = {}",
-                p.chars().count(),
-                fmt::sql_str(&p)
-            ));
+    /// `CountJobs` under the same filters as [`JobsFilter::query`] (for the state bar).
+    pub fn counts_request(&self) -> pb::CountJobsRequest {
+        pb::CountJobsRequest {
+            job_id_prefix: self.id_prefix(),
+            name_filter: self.name.trim().to_string(),
         }
-        let n = self.name.trim();
-        if !n.is_empty() {
-            w.push(format!(
-                "instr(name, {}) > 0",
-                fmt::sql_str(&n.to_lowercase())
-            ));
-        }
-        format!(
-            "SELECT state, count(*) AS n FROM jobs WHERE {} GROUP BY state",
-            w.join(" AND ")
-        )
     }
 
     fn link(&self, page: u32) -> String {
@@ -262,19 +247,11 @@ const JOB_STATES: &[&str] = &[
     "unschedulable",
 ];
 
-/// Counts by state name from a `SELECT state, count(*)` table.
-pub fn state_counts(t: &Table, job: bool) -> Vec<(String, i64)> {
-    t.rows
+/// Job counts by state name from `CountJobs`.
+pub fn state_counts(r: &pb::CountJobsResponse) -> Vec<(String, i64)> {
+    r.counts
         .iter()
-        .map(|r| {
-            let code = crate::api::cell_i64(r, 0).unwrap_or(0) as i32;
-            let name = if job {
-                fmt::job_state(code)
-            } else {
-                fmt::task_state(code)
-            };
-            (name.to_string(), crate::api::cell_i64(r, 1).unwrap_or(0))
-        })
+        .map(|c| (fmt::job_state(c.state).to_string(), c.count))
         .collect()
 }
 
@@ -399,26 +376,22 @@ pub fn jobs_page(
 /// Attempt rows for a job's timeline, keyed by task id.
 pub type Attempts = BTreeMap<String, Vec<svg::Span>>;
 
-/// Builds [`Attempts`] from a query with columns `task_id, attempt_id, worker_id, state,
-/// created_at_ms, started_at_ms, finished_at_ms, exit_code`.
-pub fn attempts_from(t: &Table) -> Attempts {
-    use crate::api::cell_i64;
+/// Builds [`Attempts`] from `ListAttempts` rows.
+pub fn attempts_from(rows: &[pb::AttemptSummary]) -> Attempts {
     let mut out: Attempts = BTreeMap::new();
-    for r in &t.rows {
-        out.entry(cell_str(r, 0)).or_default().push(svg::Span {
-            attempt_id: cell_i64(r, 1).unwrap_or(0),
-            worker: cell_str(r, 2),
-            state: cell_i64(r, 3).unwrap_or(0) as i32,
-            created_ms: cell_i64(r, 4).unwrap_or(0),
-            started_ms: cell_i64(r, 5),
-            finished_ms: cell_i64(r, 6),
-            exit_code: cell_i64(r, 7),
+    for a in rows {
+        out.entry(a.task_id.clone()).or_default().push(svg::Span {
+            attempt_id: a.attempt_id.into(),
+            worker: a.worker_id.clone(),
+            state: a.state,
+            created_ms: a.created_at_ms,
+            started_ms: a.started_at_ms,
+            finished_ms: a.finished_at_ms,
+            exit_code: a.exit_code.map(i64::from),
         });
     }
     out
 }
-
-pub const JOB_ATTEMPTS_SQL_HEAD: &str = "SELECT a.task_id, a.attempt_id, a.worker_id, a.state, a.created_at_ms, a.started_at_ms, a.finished_at_ms, a.exit_code FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id WHERE t.job_id = ";
 
 pub struct JobView<'a> {
     pub job: &'a job::JobStatus,
@@ -590,24 +563,11 @@ pub fn job_page(v: &JobView<'_>) -> Page {
 // ---------------------------------------------------------------------------------------------
 // Task
 
-pub fn events_sql(task_id: &str) -> String {
-    format!(
-        "SELECT ts_ms, attempt_id, type, reason, message, source FROM task_events WHERE task_id = {} ORDER BY id",
-        fmt::sql_str(task_id)
-    )
-}
-
-pub fn task_attempts_sql(task_id: &str) -> String {
-    format!(
-        "SELECT task_id, attempt_id, worker_id, state, created_at_ms, started_at_ms, finished_at_ms, exit_code FROM task_attempts WHERE task_id = {} ORDER BY attempt_id",
-        fmt::sql_str(task_id)
-    )
-}
-
 pub struct TaskView<'a> {
     pub resp: &'a c::GetTaskStatusResponse,
     pub spans: &'a [svg::Span],
-    pub events: Result<&'a Table, &'a str>,
+    /// `ListTaskEvents`, or why it could not be read (e.g. not the job's owner).
+    pub events: Result<&'a pb::ListTaskEventsResponse, &'a str>,
     pub log_tail: &'a [fl::LogEntry],
     pub now: i64,
 }
@@ -683,21 +643,22 @@ pub fn task_page(v: &TaskView<'_>) -> Page {
             h2 #ev-h { "Events" }
             @match v.events {
                 Err(e) => (error_box("Cannot read task events:", e)),
-                Ok(tb) => {
+                Ok(ev) => {
+                    @if ev.omitted > 0 { p.muted { (ev.omitted) " earlier event(s) not shown; the latest " (ev.events.len()) " follow." } }
                     div.tablewrap { table {
                         thead { tr {
                             th scope="col" { "Time" } th scope="col" .num { "Attempt" } th scope="col" { "Type" }
                             th scope="col" { "Reason" } th scope="col" { "Message" } th scope="col" { "Source" }
                         } }
                         tbody {
-                            @for r in &tb.rows {
+                            @for e in &ev.events {
                                 tr {
-                                    td { (fmt::ts(crate::api::cell_i64(r, 0))) }
-                                    td.num { (cell_str(r, 1)) }
-                                    td { (cell_str(r, 2)) }
-                                    td { (cell_str(r, 3)) }
-                                    td.reason { (cell_str(r, 4)) }
-                                    td { (cell_str(r, 5)) }
+                                    td { (fmt::ts(Some(e.ts_ms))) }
+                                    td.num { @if let Some(a) = e.attempt_id { (a) } }
+                                    td { (e.r#type) }
+                                    td { (e.reason) }
+                                    td.reason { (e.message) }
+                                    td { (e.source) }
                                 }
                             }
                         }

@@ -79,7 +79,7 @@ pub fn state_bar(counts: &[(String, i64)], width: u32) -> Markup {
 }
 
 /// One attempt drawn on a timeline.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Span {
     pub attempt_id: i64,
     pub state: i32,

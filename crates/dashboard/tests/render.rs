@@ -4,6 +4,7 @@ use iris_dashboard::pages::{self, JobsFilter, Page};
 use iris_dashboard::{model, svg, Table};
 use iris_proto::cluster::controller as c;
 use iris_proto::finelog_logging as fl;
+use iris_proto::inspect as pb;
 use iris_proto::job;
 use iris_proto::time::Timestamp;
 use std::collections::BTreeMap;
@@ -123,7 +124,7 @@ fn jobs_page_with_many_jobs_is_small_escaped_and_well_formed() {
 }
 
 #[test]
-fn jobs_filter_builds_the_query_and_counts_sql() {
+fn jobs_filter_builds_the_query_and_the_counts_request() {
     let f = JobsFilter {
         user: "bob".into(),
         prefix: "exp'1".into(),
@@ -134,9 +135,25 @@ fn jobs_filter_builds_the_query_and_counts_sql() {
     let q = f.query();
     assert_eq!(q.job_id_prefix, "/bob/exp'1");
     assert_eq!(q.offset, 100);
-    let sql = f.counts_sql();
-    assert!(sql.contains("'/bob/exp''1'"), "{sql}");
-    assert!(sql.contains("instr(name, 'train')"), "{sql}");
+    let counts = f.counts_request();
+    assert_eq!(counts.job_id_prefix, q.job_id_prefix);
+    assert_eq!(counts.name_filter, "Train");
+    let r = pb::CountJobsResponse {
+        counts: vec![
+            pb::JobStateCount {
+                state: job::JobState::Pending as i32,
+                count: 3,
+            },
+            pb::JobStateCount {
+                state: job::JobState::Succeeded as i32,
+                count: 1,
+            },
+        ],
+    };
+    assert_eq!(
+        pages::state_counts(&r),
+        [("pending".to_string(), 3), ("succeeded".to_string(), 1)]
+    );
     let g = JobsFilter {
         user: "bob".into(),
         prefix: "/bob/x".into(),
@@ -165,10 +182,32 @@ fn job_page_shows_tasks_timeline_and_children() {
             ..Default::default()
         })
         .collect();
-    let mut attempts = pages::Attempts::new();
-    attempts.insert(
-        tasks[0].task_id.clone(),
-        vec![
+    let rows = vec![
+        pb::AttemptSummary {
+            task_id: tasks[0].task_id.clone(),
+            attempt_id: 0,
+            worker_id: "w0".into(),
+            state: 5,
+            created_at_ms: NOW - 50_000,
+            started_at_ms: Some(NOW - 45_000),
+            finished_at_ms: Some(NOW - 40_000),
+            exit_code: Some(1),
+            ..Default::default()
+        },
+        pb::AttemptSummary {
+            task_id: tasks[0].task_id.clone(),
+            attempt_id: 1,
+            worker_id: "w1".into(),
+            state: 3,
+            created_at_ms: NOW - 30_000,
+            started_at_ms: Some(NOW - 29_000),
+            ..Default::default()
+        },
+    ];
+    let attempts = pages::attempts_from(&rows);
+    assert_eq!(
+        attempts.get(&tasks[0].task_id).map(|s| s.to_vec()),
+        Some(vec![
             svg::Span {
                 attempt_id: 0,
                 state: 5,
@@ -187,7 +226,7 @@ fn job_page_shows_tasks_timeline_and_children() {
                 worker: "w1".into(),
                 exit_code: None,
             },
-        ],
+        ])
     );
     let children = c::ListJobsResponse {
         jobs: vec![job::JobStatus {
@@ -250,16 +289,28 @@ fn task_page_shows_attempts_events_and_logs() {
         job_resources: None,
         root_cause_highlights: vec!["Traceback: boom".into()],
     };
-    let events = Table {
-        columns: vec!["ts_ms".into(), "attempt_id".into(), "type".into()],
-        rows: vec![vec![
-            serde_json::json!(NOW - 2000),
-            serde_json::json!(0),
-            serde_json::json!("TaskFailed"),
-            serde_json::json!("exit"),
-            serde_json::json!("Exit code: 3"),
-            serde_json::json!("worker"),
-        ]],
+    let events = pb::ListTaskEventsResponse {
+        events: vec![
+            pb::TaskEvent {
+                ts_ms: NOW - 3000,
+                attempt_id: None,
+                r#type: "Normal".into(),
+                reason: "TaskSubmitted".into(),
+                message: "queued <b>".into(),
+                source: "iris/controller".into(),
+                ..Default::default()
+            },
+            pb::TaskEvent {
+                ts_ms: NOW - 2000,
+                attempt_id: Some(0),
+                attempt_uid: "0123456789abcdef".into(),
+                r#type: "Warning".into(),
+                reason: "TaskFailed".into(),
+                message: "Exit code: 3".into(),
+                source: "worker".into(),
+            },
+        ],
+        omitted: 5,
     };
     let logs = vec![fl::LogEntry {
         data: "hello <b>".into(),
@@ -277,6 +328,15 @@ fn task_page_shows_attempts_events_and_logs() {
     let html = full(&pages::task_page(&v));
     assert!(html.contains("0123456789abcdef"));
     assert!(html.contains("TaskFailed"));
+    assert!(html.contains("queued &lt;b&gt;"), "event text is escaped");
+    assert!(html.contains("5 earlier event(s) not shown"));
+    let v = pages::TaskView {
+        events: Err("read task events of job /u/j: permission denied"),
+        ..v
+    };
+    let html = full(&pages::task_page(&v));
+    assert!(html.contains("Cannot read task events:"));
+    assert!(html.contains("permission denied"));
     assert!(html.contains("hello &lt;b&gt;"));
     assert!(html.contains("Traceback: boom"));
 }

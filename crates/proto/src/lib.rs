@@ -14,7 +14,11 @@
 //! | `iris.rpc`        | [`iris::rpc`]            |
 //! | `iris.logging`    | [`iris::logging`]        |
 //! | `iris.vm`         | [`iris::vm`]             |
+//! | `iris.inspect`    | [`iris::inspect`]        |
 //! | `finelog.logging` | [`finelog::logging`]     |
+//!
+//! `iris.inspect` is ours alone (typed reads for the dashboard and CLI); the published packages
+//! have no counterpart and the published Python client never calls it.
 //!
 //! Every message implements [`prost::Message`] for the binary encoding and
 //! `serde::Serialize`/`Deserialize` for the canonical proto3 JSON mapping
@@ -71,6 +75,13 @@ pub mod iris {
         include!(concat!(env!("OUT_DIR"), "/iris.vm.rs"));
         include!(concat!(env!("OUT_DIR"), "/iris.vm.serde.rs"));
     }
+
+    /// `iris.inspect`: Iris's own typed reads (`InspectService`) for the dashboard and CLI.
+    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    pub mod inspect {
+        include!(concat!(env!("OUT_DIR"), "/iris.inspect.rs"));
+        include!(concat!(env!("OUT_DIR"), "/iris.inspect.serde.rs"));
+    }
 }
 
 /// Generated code for the `finelog.*` packages.
@@ -84,11 +95,11 @@ pub mod finelog {
 }
 
 pub use finelog::logging as finelog_logging;
-pub use iris::{cluster, job, query, time};
+pub use iris::{cluster, inspect, job, query, time};
 
 // Service names and method tables generated from the service definitions:
 // CONTROLLER_SERVICE / CONTROLLER_METHODS, ENDPOINT_SERVICE / ENDPOINT_METHODS,
-// WORKER_SERVICE / WORKER_METHODS, LOG_SERVICE / LOG_METHODS.
+// WORKER_SERVICE / WORKER_METHODS, LOG_SERVICE / LOG_METHODS, INSPECT_SERVICE / INSPECT_METHODS.
 include!(concat!(env!("OUT_DIR"), "/services.rs"));
 
 /// Encoded `google.protobuf.FileDescriptorSet` for every `.proto` file in this

@@ -600,10 +600,19 @@ fn listing_enum(prefix: &str, e: &EnumDescriptorProto, out: &mut Vec<(String, Ve
     out.push((full, lines));
 }
 
+/// Packages of our own, with no published counterpart: left out of the comparison with Python
+/// and pinned by their own listing instead.
+const OUR_PACKAGES: &[&str] = &["iris.inspect"];
+
+/// The listing of the published packages (everything but [`OUR_PACKAGES`]).
 fn our_listing() -> String {
+    listing(|package| !OUR_PACKAGES.contains(&package))
+}
+
+fn listing(include: impl Fn(&str) -> bool) -> String {
     let fds = FileDescriptorSet::decode(iris_proto::FILE_DESCRIPTOR_SET).expect("descriptor set");
     let mut entries = Vec::new();
-    for file in &fds.file {
+    for file in fds.file.iter().filter(|f| include(f.package())) {
         let prefix = file.package();
         for msg in &file.message_type {
             listing_message(prefix, msg, &mut entries);
@@ -658,4 +667,35 @@ fn descriptor_listing_matches_python() {
             extra.iter().map(|l| format!("  {l}")).collect::<Vec<_>>().join("\n"),
         );
     }
+}
+
+/// Our own `iris.inspect` package keeps its field numbers too: a change here is a wire break
+/// for dashboards and CLIs of the previous release. After an addition, rewrite the fixture with
+/// `UPDATE_INSPECT_LISTING=1 cargo test -p iris-proto --test compat`.
+#[test]
+fn inspect_listing_is_pinned() {
+    let golden = include_str!("fixtures/inspect_descriptor_listing.txt");
+    let ours = listing(|package| package == "iris.inspect");
+    if std::env::var_os("UPDATE_INSPECT_LISTING").is_some() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/inspect_descriptor_listing.txt"
+        );
+        std::fs::write(path, &ours).expect("write the inspect listing");
+        return;
+    }
+    assert_eq!(
+        ours, golden,
+        "iris.inspect changed; new fields and methods may be appended, numbers never change"
+    );
+    assert_eq!(iris_proto::INSPECT_SERVICE, "iris.inspect.InspectService");
+    assert_eq!(
+        iris_proto::INSPECT_METHODS,
+        [
+            "ListTaskEvents",
+            "CountJobs",
+            "ListAttempts",
+            "ListResourceHolds"
+        ]
+    );
 }

@@ -12,6 +12,7 @@ pub mod budgets;
 pub mod checkpoint;
 pub mod events;
 pub mod federation;
+pub mod inspect;
 pub mod jobs;
 pub mod logs;
 pub mod mirror;
