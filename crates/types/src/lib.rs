@@ -1,11 +1,18 @@
-//! Iris domain types: identifiers, states, resources and the state machine. No I/O, no async.
+//! Iris domain types: identifiers, states, priority bands, resources, worker attributes and
+//! constraints, and the state machine. No I/O, no async.
+//!
+//! This is the one vocabulary the scheduler, federation, backends and the controller share;
+//! wire messages are converted to and from these types at the edges (the controller).
 
+pub mod constraint;
 pub mod ids;
 pub mod resources;
 pub mod state;
 pub mod transition;
 
+pub use constraint::{AttrValue, Constraint, ConstraintOp};
 pub use ids::{AttemptId, IdError, JobName, TaskId};
+pub use resources::{Dim, Resources};
 pub use state::{Band, JobState, TaskState};
 pub use transition::{
     job_state, transition, AttemptCtx, GangCascade, JobCtx, Rejected, Step, TaskCtx, TaskEvent,

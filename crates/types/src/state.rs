@@ -125,16 +125,26 @@ impl TaskState {
     }
 }
 
-/// Priority bands. Wire codes: PRODUCTION=1, INTERACTIVE=2, BATCH=3, SYSTEM=4 (0 = INHERIT).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+/// Priority band.
+///
+/// Declaration order is rank order, and so is the derived `Ord`: `System` is the highest
+/// priority and the *smallest* value (`Band::System < Band::Batch`), so sorting ascending puts
+/// the most important work first. Wire codes are not in rank order: PRODUCTION=1,
+/// INTERACTIVE=2, BATCH=3, SYSTEM=4 (0 = INHERIT); see [`Band::code`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum Band {
+    /// Cluster infrastructure; preempts everything else.
     System,
+    /// Production work; preempts `Interactive` and `Batch`.
     Production,
+    /// The default band; preempts `Batch`.
     Interactive,
+    /// Best-effort work; never preempts.
     Batch,
 }
 
 impl Band {
+    /// All bands, highest first.
     pub const ALL: [Band; 4] = [
         Band::System,
         Band::Production,
@@ -173,11 +183,12 @@ impl Band {
         }
     }
 
-    /// Strictly higher priority than `other`.
+    /// True if `self` has strictly higher priority than `other` (never within a band).
     pub fn outranks(self, other: Band) -> bool {
         self.rank() < other.rank()
     }
 
+    /// Lower-case name, as shown to users.
     pub fn name(self) -> &'static str {
         match self {
             Band::System => "system",
@@ -240,6 +251,20 @@ mod tests {
         assert!(Band::Interactive.outranks(Band::Batch));
         assert!(!Band::Batch.outranks(Band::Batch));
         assert!(!Band::Batch.outranks(Band::Interactive));
+        // `Ord` is rank order: the highest band is the smallest.
+        let mut sorted = vec![
+            Band::Batch,
+            Band::System,
+            Band::Interactive,
+            Band::Production,
+        ];
+        sorted.sort();
+        assert_eq!(sorted, Band::ALL);
+        for a in Band::ALL {
+            for b in Band::ALL {
+                assert_eq!(a < b, a.outranks(b), "{a} vs {b}");
+            }
+        }
     }
 
     #[test]
