@@ -190,7 +190,8 @@ fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<GroupPlan>> {
 }
 
 fn capacity(g: &GroupPlan) -> GroupCapacity {
-    use iris_scheduler::{AttrValue, Resources, Worker};
+    use iris_scheduler::Worker;
+    use iris_types::{AttrValue, Resources};
     let mut attributes = std::collections::BTreeMap::new();
     for (k, v) in &g.attributes {
         attributes.insert(k.clone(), AttrValue::Str(v.clone()));

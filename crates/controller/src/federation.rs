@@ -197,7 +197,7 @@ fn backend_view(b: &c::BackendSummary) -> fed::BackendView {
 
 /// The routing-relevant parts of a stored request.
 struct Shape {
-    constraints: Vec<iris_scheduler::Constraint>,
+    constraints: Vec<iris_types::Constraint>,
     gate: BTreeMap<String, i64>,
 }
 
@@ -625,9 +625,9 @@ impl Controller {
             healthy += 1;
             for (k, v) in &w.attributes {
                 let s = match v {
-                    iris_scheduler::AttrValue::Str(s) => s.trim().to_lowercase(),
-                    iris_scheduler::AttrValue::Int(i) => i.to_string(),
-                    iris_scheduler::AttrValue::Float(f) => f.to_string(),
+                    iris_types::AttrValue::Str(s) => s.trim().to_lowercase(),
+                    iris_types::AttrValue::Int(i) => i.to_string(),
+                    iris_types::AttrValue::Float(f) => f.to_string(),
                 };
                 advertised.entry(k.clone()).or_default().insert(s);
             }

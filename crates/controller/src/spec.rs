@@ -2,8 +2,7 @@
 
 use iris_proto::cluster::controller::LaunchJobRequest;
 use iris_proto::job::{self, device_config::Device, Constraint as PConstraint};
-use iris_scheduler::{AttrValue, Constraint, ConstraintOp, Resources};
-use iris_types::Band;
+use iris_types::{AttrValue, Band, Constraint, ConstraintOp, Resources};
 
 /// What the controller needs about a job at scheduling and dispatch time.
 #[derive(Debug, Clone)]

@@ -1,10 +1,10 @@
 //! The control tick: timeouts → snapshot → `schedule` → commit the plan → wake reconcilers.
 
 use crate::{internal, lock, Controller};
-use iris_scheduler::{AttrValue, PendingTask, Policy, Resources, RunningTask, Snapshot, Worker};
+use iris_scheduler::{PendingTask, Policy, RunningTask, Snapshot, Worker};
 use iris_store::ops;
 use iris_store::rusqlite::Connection;
-use iris_types::{Band, TaskEvent};
+use iris_types::{AttrValue, Band, Resources, TaskEvent};
 use rand::RngCore;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -190,7 +190,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
                 task,
                 job,
                 worker,
-                band: to_sched_band(Band::from_code(band).unwrap_or(spec.band)),
+                band: Band::from_code(band).unwrap_or(spec.band),
                 resources: spec.resources.clone(),
                 running: is_running,
                 coscheduled: spec.group_by.is_some(),
@@ -227,9 +227,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
                 task,
                 job,
                 user: spec.user.clone(),
-                band: to_sched_band(crate::accounts::effective_band_of(
-                    spec.band, &spec.user, &spend, &limits,
-                )),
+                band: crate::accounts::effective_band_of(spec.band, &spec.user, &spend, &limits),
                 resources: spec.resources.clone(),
                 constraints: spec.constraints.clone(),
                 group_by: spec.group_by.clone(),
@@ -282,10 +280,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
     }
     // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
     // is re-validated by `transition` when applied below.
-    let bands: BTreeMap<String, Band> = pending
-        .iter()
-        .map(|p| (p.task.clone(), from_sched_band(p.band)))
-        .collect();
+    let bands: BTreeMap<String, Band> = pending.iter().map(|p| (p.task.clone(), p.band)).collect();
     let snapshot = Snapshot {
         workers,
         running,
@@ -324,22 +319,4 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>, iris_rpc::RpcEr
     }
     *lock(&ctl.pending_reasons) = plan.pending_reasons.into_iter().collect();
     Ok(touched)
-}
-
-pub(crate) fn to_sched_band(b: Band) -> iris_scheduler::Band {
-    match b {
-        Band::System => iris_scheduler::Band::System,
-        Band::Production => iris_scheduler::Band::Production,
-        Band::Interactive => iris_scheduler::Band::Interactive,
-        Band::Batch => iris_scheduler::Band::Batch,
-    }
-}
-
-pub(crate) fn from_sched_band(b: iris_scheduler::Band) -> Band {
-    match b {
-        iris_scheduler::Band::System => Band::System,
-        iris_scheduler::Band::Production => Band::Production,
-        iris_scheduler::Band::Interactive => Band::Interactive,
-        iris_scheduler::Band::Batch => Band::Batch,
-    }
 }

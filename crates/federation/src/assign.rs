@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use blake2::digest::consts::U8;
 use blake2::{Blake2b, Digest};
-use iris_scheduler::Constraint;
+use iris_types::Constraint;
 
 use crate::routing::{backend_satisfies, normalize, MARKER_PREFIX};
 use crate::{Availability, Band, PeerView, ReservationLedger, CLUSTER_KEY};

@@ -1,6 +1,6 @@
 //! Submit-time classification of a root job (§1.1).
 
-use iris_scheduler::Constraint;
+use iris_types::Constraint;
 
 use crate::routing::{backend_satisfies_all, cluster_pin, routing_constraints};
 use crate::PeerView;

@@ -23,7 +23,7 @@
 //! Architecture Invariant: no I/O, no clock, no randomness. Every output depends only on the
 //! arguments, maps are `BTreeMap`s, and ties are broken by a hash of the job and peer ids.
 //!
-//! API Boundary: inputs are domain values ([`iris_scheduler::Constraint`], [`Band`]); wire
+//! API Boundary: inputs are domain values ([`iris_types::Constraint`], [`Band`]); wire
 //! messages (heartbeat `BackendSummary`, `ResourceAvailability`) are converted by the caller.
 
 #![warn(missing_docs)]
@@ -102,7 +102,6 @@ pub struct Availability {
     /// Token → idle amount.
     pub free: BTreeMap<String, i64>,
     /// Capacity in use by each band, which a job of a strictly higher band may reclaim.
-    /// A band listed twice counts the sum. (A list rather than a map because `Band` is not
-    /// ordered.)
+    /// A band listed twice counts the sum (a list, as the heartbeat carries it).
     pub held_by_band: Vec<(Band, BTreeMap<String, i64>)>,
 }

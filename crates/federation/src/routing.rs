@@ -2,7 +2,7 @@
 
 use std::cmp::Ordering;
 
-use iris_scheduler::{AttrValue, Constraint, ConstraintOp};
+use iris_types::{AttrValue, Constraint, ConstraintOp};
 
 use crate::{Advertised, CLUSTER_KEY};
 

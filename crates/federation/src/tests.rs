@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use iris_scheduler::Constraint;
+use iris_types::Constraint;
 
 use crate::assign::spread;
 use crate::testutil::{adv, amounts, avail, backend, peer};

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use iris_federation::*;
-use iris_scheduler::Constraint;
+use iris_types::Constraint;
 use proptest::prelude::*;
 
 const VARIANTS: [&str; 2] = ["h100", "a100"];

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use iris_scheduler::*;
+use iris_types::{Band, Constraint, Resources};
 
 const GIB: i64 = 1 << 30;
 const RUNS: usize = 15;

@@ -3,7 +3,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::model::{AttrValue, Constraint, ConstraintOp};
+use iris_types::{AttrValue, Constraint, ConstraintOp};
 
 /// A constraint that cannot be evaluated. `schedule` treats it as "does not match".
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -38,7 +38,8 @@ pub enum ConstraintError {
 ///
 /// ```
 /// use std::collections::BTreeMap;
-/// use iris_scheduler::{constraint_matches, AttrValue, Constraint};
+/// use iris_scheduler::constraint_matches;
+/// use iris_types::{AttrValue, Constraint};
 /// let mut attrs = BTreeMap::new();
 /// attrs.insert("region".to_string(), AttrValue::from(" US-West "));
 /// assert_eq!(constraint_matches(&Constraint::equals("region", "us-west"), &attrs), Ok(true));

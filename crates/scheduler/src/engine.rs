@@ -7,10 +7,10 @@ use std::fmt::Write as _;
 use crate::constraint::{canonical, normalize, satisfied};
 use crate::firstfit::FirstFit;
 use crate::model::{
-    Assignment, AttrValue, Band, Constraint, Dim, PendingTask, Plan, Policy, Resources,
-    RunningTask, Snapshot, Worker,
+    Assignment, PendingTask, Plan, Policy, ResourcesExt, RunningTask, Snapshot, Worker,
 };
 use crate::order::order_pending;
+use iris_types::{AttrValue, Band, Constraint, Dim, Resources};
 
 /// Distinct ranked lists that get a [`FirstFit`] tree (about 80 KB each for 1,000 workers);
 /// further ones fall back to a linear scan.

@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use crate::constraint::{canonical, satisfied};
-use crate::model::{Constraint, Resources, Worker};
+use crate::model::Worker;
+use iris_types::{Constraint, Resources};
 
 /// Checks whether a job could ever be placed on an otherwise empty cluster of `workers`,
 /// ignoring current usage and health (an unhealthy worker may come back). `Err` carries a
@@ -151,7 +152,7 @@ mod tests {
     fn constraints_that_conflict_together() {
         let cs = [
             Constraint::equals("region", "us-west"),
-            Constraint::new("tpu-name", crate::ConstraintOp::Exists, None),
+            Constraint::new("tpu-name", iris_types::ConstraintOp::Exists, None),
         ];
         assert_eq!(
             feasible_anywhere(&res(1000, 1), &cs, None, 1, &workers()),

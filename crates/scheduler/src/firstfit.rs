@@ -10,7 +10,7 @@
 //! sound. Leaves are re-read from [`Capacity`] when visited and fixed on the way.
 
 use crate::engine::Capacity;
-use crate::model::{Dim, Resources};
+use iris_types::{Dim, Resources};
 
 /// `[cpu, memory, gpu, tpu, open]`.
 type Node = [i64; 5];

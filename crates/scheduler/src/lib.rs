@@ -3,7 +3,6 @@
 //! Architecture Invariant: no I/O, no clock, no async, no randomness. The output depends only
 //! on the *contents* of the snapshot: workers are sorted by id, running tasks by key and
 //! pending tasks by [`order_pending`] (whose order is total), and every map is a `BTreeMap`.
-//! The crate does not depend on `iris-types`; the controller converts.
 //!
 //! # Pipeline (reference §4.2–4.6)
 //! 1. **Order** pending tasks: band rank, then round-robin across users by ascending spend,
@@ -50,6 +49,10 @@
 //!
 //! Submit-time checks use [`feasible_anywhere`]; constraints are evaluated by
 //! [`constraint_matches`]. Task keys and worker ids are assumed unique.
+//!
+//! The vocabulary of the inputs (`Band`, `Resources`, `AttrValue`, `ConstraintOp`,
+//! `Constraint`) is `iris-types`'s, shared with federation, backends and the controller; this
+//! crate defines only the snapshot and plan around it.
 
 mod constraint;
 mod engine;
@@ -66,8 +69,8 @@ mod testutil;
 pub use constraint::{constraint_matches, ConstraintError};
 pub use feasible::feasible_anywhere;
 pub use model::{
-    Assignment, AttrValue, Band, Constraint, ConstraintOp, JobKey, PendingTask, Plan, Policy,
-    Preemption, Resources, RunningTask, Snapshot, TaskKey, Worker, WorkerId,
+    Assignment, JobKey, PendingTask, Plan, Policy, Preemption, RunningTask, Snapshot, TaskKey,
+    Worker, WorkerId,
 };
 pub use order::order_pending;
 

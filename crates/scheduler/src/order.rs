@@ -3,7 +3,8 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::model::{Band, PendingTask};
+use crate::model::PendingTask;
+use iris_types::Band;
 
 /// The base order of one user's tasks: deeper jobs first, then older trees, older jobs,
 /// insertion order, and finally the task key so that the order is total.

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::constraint::normalize;
 use crate::engine::{Engine, Status, Unit};
-use crate::model::{Band, PendingTask, Preemption, Resources};
+use crate::model::{PendingTask, Preemption, ResourcesExt};
+use iris_types::{Band, Resources};
 
 /// Sort key for victims: lowest band first, then cheapest, then task key (= index order).
 type VictimKey = (Reverse<u8>, (i64, i64, i64), usize);

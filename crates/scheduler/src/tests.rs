@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::testutil::*;
 use crate::*;
+use iris_types::{Band, Constraint, ConstraintOp};
 
 fn run(s: &Snapshot) -> Plan {
     schedule(s, &Policy::default())

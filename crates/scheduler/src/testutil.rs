@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::*;
+use iris_types::{AttrValue, Band, Constraint, Resources};
 
 pub(crate) const GIB: i64 = 1 << 30;
 

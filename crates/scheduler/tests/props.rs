@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use iris_scheduler::*;
+use iris_types::{AttrValue, Band, Constraint, ConstraintOp, Resources};
 use proptest::prelude::*;
 
 const GIB: i64 = 1 << 30;
