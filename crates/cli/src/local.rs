@@ -190,13 +190,12 @@ fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<GroupPlan>> {
 }
 
 fn capacity(g: &GroupPlan) -> GroupCapacity {
-    use iris_scheduler::Worker;
     use iris_types::{AttrValue, Resources};
     let mut attributes = std::collections::BTreeMap::new();
     for (k, v) in &g.attributes {
         attributes.insert(k.clone(), AttrValue::Str(v.clone()));
     }
-    let (dtype, variant, gpu, tpu) = match &g.device {
+    let (dtype, variant, gpu, tpu): (String, String, i64, i64) = match &g.device {
         Some((t, v, n)) => (
             t.clone(),
             v.to_ascii_lowercase(),
@@ -205,28 +204,18 @@ fn capacity(g: &GroupPlan) -> GroupCapacity {
         ),
         None => ("cpu".into(), "cpu".into(), 0, 0),
     };
-    attributes.insert("device-type".into(), AttrValue::Str(dtype.clone()));
-    attributes.insert("device-variant".into(), AttrValue::Str(variant.clone()));
+    attributes.insert("device-type".into(), AttrValue::Str(dtype));
+    attributes.insert("device-variant".into(), AttrValue::Str(variant));
     GroupCapacity {
         name: g.name.clone(),
-        worker: Worker {
-            id: g.name.clone(),
-            total: Resources {
-                cpu_millicores: g.cpu as i64 * 1000,
-                memory_bytes: g.memory,
-                disk_bytes: g.disk,
-                gpu,
-                tpu,
-            },
-            attributes,
-            healthy: true,
-            pooled: false,
-            device_variant: if dtype == "cpu" {
-                String::new()
-            } else {
-                variant
-            },
+        capacity: Resources {
+            cpu_millicores: g.cpu as i64 * 1000,
+            memory_bytes: g.memory,
+            disk_bytes: g.disk,
+            gpu,
+            tpu,
         },
+        attributes,
         max_workers: g.max,
     }
 }

@@ -33,8 +33,33 @@ use tokio::sync::Notify;
 #[derive(Clone, Debug)]
 pub struct GroupCapacity {
     pub name: String,
-    pub worker: iris_scheduler::Worker,
+    /// What one worker of the group offers.
+    pub capacity: iris_types::Resources,
+    /// One worker's attributes; `device-type` and `device-variant` (`cpu` for CPU workers)
+    /// say which accelerator it has.
+    pub attributes: std::collections::BTreeMap<String, iris_types::AttrValue>,
+    /// Workers the group can grow to.
     pub max_workers: u32,
+}
+
+impl GroupCapacity {
+    /// One of the group's workers as the scheduler sees it: healthy, not pooled.
+    pub(crate) fn worker(&self, id: String) -> iris_scheduler::Worker {
+        let device_variant = match self.attributes.get("device-variant") {
+            Some(iris_types::AttrValue::Str(v)) if !v.eq_ignore_ascii_case("cpu") => {
+                v.to_ascii_lowercase()
+            }
+            _ => String::new(),
+        };
+        iris_scheduler::Worker {
+            id,
+            total: self.capacity.clone(),
+            attributes: self.attributes.clone(),
+            healthy: true,
+            device_variant,
+            pooled: false,
+        }
+    }
 }
 
 /// Controller settings.

@@ -678,9 +678,7 @@ impl Controller {
         let mut workers = crate::tick::load_workers(conn).map_err(internal)?;
         for g in &self.cfg.groups {
             for i in 0..g.max_workers.max(1) {
-                let mut w = g.worker.clone();
-                w.id = format!("{}#{i}", g.name);
-                workers.push(w);
+                workers.push(g.worker(format!("{}#{i}", g.name)));
             }
         }
         Ok(workers)
