@@ -68,7 +68,7 @@ pub struct Controller {
     fed_verifier: Option<iris_auth::Verifier>,
     fed: federation::Federation,
     /// In-process backends (Kubernetes) by pseudo worker id.
-    backends: Mutex<HashMap<String, Arc<dyn backend::Backend>>>,
+    backends: Mutex<HashMap<String, Arc<dyn iris_backend::Backend>>>,
     /// The tick's snapshot reader (WAL: reads never block the writer).
     snap: Mutex<Db>,
     wake: Notify,

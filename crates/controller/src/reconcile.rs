@@ -6,11 +6,12 @@
 
 use crate::error::Result;
 use crate::{lock, Controller, WorkerLink};
+use iris_backend::{DesiredAttempt, Intent, StopReason};
 use iris_proto::cluster::controller as c;
 use iris_proto::cluster::worker as w;
 use iris_proto::job;
 use iris_store::{apply, Read};
-use iris_types::{AttrValue, TaskState};
+use iris_types::{AttrValue, TaskId, TaskState};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -128,32 +129,34 @@ pub(crate) fn ensure_reconciler(ctl: &Controller, worker_id: &str) {
     tokio::spawn(async move { reconcile_loop(me, id, generation, poke).await });
 }
 
-fn stop_reason(attempt: TaskState) -> w::StopReason {
+fn stop_reason(attempt: TaskState) -> StopReason {
     match attempt {
-        TaskState::Killed => w::StopReason::Cancelled,
-        TaskState::Preempted => w::StopReason::Preempted,
-        TaskState::Failed => w::StopReason::TaskTimeout,
-        _ => w::StopReason::JobTerminated,
+        TaskState::Killed => StopReason::Cancelled,
+        TaskState::Preempted => StopReason::Preempted,
+        TaskState::Failed => StopReason::TaskTimeout,
+        _ => StopReason::JobTerminated,
     }
 }
 
 /// Builds the desired set for a worker from committed state.
-fn desired_set(
-    ctl: &Controller,
-    conn: &impl Read,
-    worker_id: &str,
-) -> Result<Vec<w::DesiredAttempt>> {
+fn desired_set(ctl: &Controller, conn: &impl Read, worker_id: &str) -> Result<Vec<DesiredAttempt>> {
     let rows = iris_store::workers::open_attempts(conn, worker_id)?;
     let victim_pending = rows.iter().any(|r| r.attempt_state == TaskState::Preempted);
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
-        use w::desired_attempt::Intent;
+        let (Ok(task_id), Ok(attempt_id)) =
+            (TaskId::parse(&r.task_id), u32::try_from(r.attempt_id))
+        else {
+            // Ids are validated before they are stored: a bug, not a worker's problem.
+            tracing::error!(task = %r.task_id, attempt = r.attempt_id, "malformed attempt in the store");
+            continue;
+        };
         let intent = if r.attempt_state.is_terminal() {
-            Intent::Stop(stop_reason(r.attempt_state) as i32)
+            Intent::Stop(stop_reason(r.attempt_state))
         } else if !r.is_current || r.task_state.is_terminal() || r.task_state == TaskState::Pending
         {
             // Superseded or the controller moved on: make sure it stops.
-            Intent::Stop(w::StopReason::Superseded as i32)
+            Intent::Stop(StopReason::Superseded)
         } else if r.attempt_state == TaskState::Assigned {
             if victim_pending {
                 continue; // withheld until the preempted victim has left this worker
@@ -162,8 +165,8 @@ fn desired_set(
                 continue;
             };
             let req = &spec.request;
-            Intent::Run(w::AttemptSpec {
-                request: Some(job::RunTaskRequest {
+            Intent::Run {
+                launch: Some(Box::new(job::RunTaskRequest {
                     task_id: r.task_id.clone(),
                     num_tasks: r.num_tasks as i32,
                     entrypoint: req.entrypoint.clone(),
@@ -181,14 +184,16 @@ fn desired_set(
                     container_profile: req.container_profile,
                     egress_policy: req.egress_policy,
                     task_token: ctl.task_token(&r.job_id, &spec.user),
-                }),
-            })
+                })),
+            }
         } else {
-            Intent::Run(w::AttemptSpec { request: None })
+            Intent::Run { launch: None }
         };
-        out.push(w::DesiredAttempt {
+        out.push(DesiredAttempt {
             attempt_uid: r.attempt_uid,
-            intent: Some(intent),
+            task_id,
+            attempt_id,
+            intent,
         });
     }
     Ok(out)
@@ -249,14 +254,11 @@ async fn reconcile_loop(
                 Ok(report) => {
                     failures = 0;
                     last_ok = Instant::now();
-                    let changed = apply_response(
+                    let observed = report.observed.into_iter();
+                    let changed = apply_observations(
                         &ctl,
                         &worker_id,
-                        w::ReconcileResponse {
-                            worker_id: worker_id.clone(),
-                            observed: report.observed,
-                            health: None,
-                        },
+                        observed.map(crate::backend::store_observation).collect(),
                     );
                     apply_backend_extras(&ctl, &report.events, &report.logs);
                     if changed {
@@ -269,7 +271,7 @@ async fn reconcile_loop(
                 }
                 Err(e) => {
                     failures += 1;
-                    tracing::warn!(backend = %worker_id, failures, error = %e.message, "backend reconcile failed");
+                    tracing::warn!(backend = %worker_id, failures, error = %crate::backend::error_text(&e), "backend reconcile failed");
                 }
             }
             continue;
@@ -294,7 +296,10 @@ async fn reconcile_loop(
         };
         let req = w::ReconcileRequest {
             worker_id: worker_id.clone(),
-            desired,
+            desired: desired
+                .into_iter()
+                .map(crate::backend::desired_to_wire)
+                .collect(),
         };
         let res: Result<w::ReconcileResponse, _> = client
             .call(
@@ -341,8 +346,8 @@ async fn reconcile_loop(
 /// Events and log lines an in-process backend reported.
 fn apply_backend_extras(
     ctl: &Controller,
-    events: &[crate::backend::AttemptEvent],
-    logs: &[crate::backend::AttemptLogs],
+    events: &[iris_backend::AttemptEvent],
+    logs: &[iris_backend::AttemptLogs],
 ) {
     if !events.is_empty() {
         let now = iris_store::now_ms();
@@ -381,21 +386,32 @@ fn apply_backend_extras(
 }
 
 fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse) -> bool {
+    let observed = resp.observed.into_iter().map(|o| {
+        let state = TaskState::from_code(o.state).unwrap_or(TaskState::Unspecified);
+        apply::Observation {
+            attempt_uid: o.attempt_uid,
+            state,
+            exit_code: (state.is_terminal()).then_some(o.exit_code),
+            error: o.error,
+            status_message: o.status_message,
+        }
+    });
+    apply_observations(ctl, worker_id, observed.collect())
+}
+
+/// Applies a worker's or backend's observations and marks it alive. True when any changed state.
+fn apply_observations(
+    ctl: &Controller,
+    worker_id: &str,
+    observed: Vec<apply::Observation>,
+) -> bool {
     let now = iris_store::now_ms();
     let mut conn = ctl.db();
     let mut changed = false;
     let res = (|| -> iris_store::Result<()> {
         let tx = conn.begin()?;
-        for o in resp.observed {
-            let state = TaskState::from_code(o.state).unwrap_or(TaskState::Unspecified);
-            let obs = apply::Observation {
-                attempt_uid: o.attempt_uid,
-                state,
-                exit_code: (state.is_terminal()).then_some(o.exit_code),
-                error: o.error,
-                status_message: o.status_message,
-            };
-            if apply::apply_observation(&tx, worker_id, &obs, now)? {
+        for obs in &observed {
+            if apply::apply_observation(&tx, worker_id, obs, now)? {
                 changed = true;
             }
         }

@@ -25,12 +25,12 @@
 //! `--attempts N` (default 1000), `--warmup N` (default 100), `--steady N` (default 10).
 
 use futures::StreamExt;
-use iris_controller::backend::Backend;
+use iris_backend::{Backend, DesiredAttempt, Intent, Observation};
 use iris_kube_backend::{KubeBackend, KubeSettings, LABEL_BACKEND};
 use iris_kube_model as km;
 use iris_kube_testkit::{NodeSpec, ServerOptions, TestApiServer};
-use iris_proto::cluster::worker as w;
 use iris_proto::job;
+use iris_types::{TaskId, TaskState};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -80,13 +80,20 @@ fn request(prefix: &str, set: u32, i: usize) -> job::RunTaskRequest {
     }
 }
 
-fn desired(reqs: &[job::RunTaskRequest], with_request: bool) -> Vec<w::DesiredAttempt> {
+fn desired(
+    reqs: &[job::RunTaskRequest],
+    with_request: bool,
+) -> anyhow::Result<Vec<DesiredAttempt>> {
     reqs.iter()
-        .map(|r| w::DesiredAttempt {
-            attempt_uid: r.attempt_uid.clone(),
-            intent: Some(w::desired_attempt::Intent::Run(w::AttemptSpec {
-                request: with_request.then(|| r.clone()),
-            })),
+        .map(|r| {
+            Ok(DesiredAttempt {
+                attempt_uid: r.attempt_uid.clone(),
+                task_id: TaskId::parse(&r.task_id)?,
+                attempt_id: u32::try_from(r.attempt_id)?,
+                intent: Intent::Run {
+                    launch: with_request.then(|| Box::new(r.clone())),
+                },
+            })
         })
         .collect()
 }
@@ -347,8 +354,8 @@ async fn through_backend(
 ) -> anyhow::Result<Figures> {
     let (backend, server) = (&env.backend, &env.server);
     let reqs: Vec<job::RunTaskRequest> = (0..n).map(|i| request(prefix, set, i)).collect();
-    let first = desired(&reqs, true);
-    let later = desired(&reqs, false);
+    let first = desired(&reqs, true)?;
+    let later = desired(&reqs, false)?;
 
     // (1) One round that applies every pod.
     server.clear_requests();
@@ -357,13 +364,13 @@ async fn through_backend(
     let report = backend
         .reconcile(first)
         .await
-        .map_err(|e| anyhow::anyhow!("apply round: {}", e.message))?;
+        .map_err(|e| anyhow::Error::new(e).context("apply round"))?;
     let apply = t0.elapsed();
     let apply_requests = request_counts(server);
-    let refused: Vec<&w::AttemptObservation> = report
+    let refused: Vec<&Observation> = report
         .observed
         .iter()
-        .filter(|o| o.state == job::TaskState::WorkerFailed as i32)
+        .filter(|o| o.state == TaskState::WorkerFailed)
         .collect();
     if let Some(o) = refused.first() {
         anyhow::bail!("{} applies refused, first: {}", refused.len(), o.error);
@@ -380,24 +387,23 @@ async fn through_backend(
         let report = backend
             .reconcile(later.clone())
             .await
-            .map_err(|e| anyhow::anyhow!("observe round: {}", e.message))?;
+            .map_err(|e| anyhow::Error::new(e).context("observe round"))?;
         let took = t.elapsed();
         let at = t0.elapsed();
         let mut succeeded = 0;
         for o in &report.observed {
-            match job::TaskState::try_from(o.state) {
-                Ok(job::TaskState::Succeeded) => succeeded += 1,
-                Ok(
-                    job::TaskState::Pending
-                    | job::TaskState::Building
-                    | job::TaskState::Running
-                    | job::TaskState::Assigned
-                    | job::TaskState::Unschedulable,
-                ) => {}
+            match o.state {
+                TaskState::Succeeded => succeeded += 1,
+                TaskState::Pending
+                | TaskState::Building
+                | TaskState::Running
+                | TaskState::Assigned
+                | TaskState::Unschedulable => {}
                 other => anyhow::bail!(
-                    "attempt {} ended {other:?} (exit {}): {} {}",
+                    "attempt {} ended {other} (exit {}): {} {}",
                     o.attempt_uid,
-                    o.exit_code,
+                    o.exit_code
+                        .map_or_else(|| "none".to_string(), |c| c.to_string()),
                     o.error,
                     o.status_message
                 ),
@@ -425,7 +431,7 @@ async fn through_backend(
         backend
             .reconcile(later.clone())
             .await
-            .map_err(|e| anyhow::anyhow!("steady round: {}", e.message))?;
+            .map_err(|e| anyhow::Error::new(e).context("steady round"))?;
         steady.push(t.elapsed());
     }
 
@@ -435,7 +441,7 @@ async fn through_backend(
     backend
         .reconcile(Vec::new())
         .await
-        .map_err(|e| anyhow::anyhow!("delete round: {}", e.message))?;
+        .map_err(|e| anyhow::Error::new(e).context("delete round"))?;
     let delete_call = t.elapsed();
     let delete_requests = request_counts(server);
     wait_pods_gone(

@@ -2,7 +2,7 @@
 //! one Pod per task attempt, Kueue admits it (gangs whole, by priority tier) and Kubernetes
 //! places it.
 //!
-//! It implements [`iris_controller::backend::Backend`]: registered as one pseudo worker per
+//! It implements [`iris_backend::Backend`]: registered as one pseudo worker per
 //! device variant whose capacity is effectively unbounded (placement and preemption belong to
 //! Kueue, so the controller's scheduler only turns pending tasks into attempts), it receives the
 //! desired set of attempts each round and
@@ -21,12 +21,13 @@
 
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use iris_controller::backend::{AttemptEvent, AttemptLogs, Backend, BackendReport};
+use iris_backend::{
+    AttemptEvent, AttemptLogs, Availability, Backend, DesiredAttempt, Detail, Device, Error,
+    Intent, KubernetesStatus, NodeStatus, Observation, PodStatus, Registration, Report, Summary,
+};
 use iris_kube_model as km;
-use iris_proto::cluster::controller as c;
-use iris_proto::cluster::worker as w;
 use iris_proto::job;
-use iris_rpc::{Code, RpcError};
+use iris_types::{AttrValue, Resources, TaskState};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
@@ -108,8 +109,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> RpcError {
-    RpcError::new(Code::Unavailable, format!("kubernetes: {what}: {e}"))
+fn unavailable(what: &str, e: kube::Error) -> Error {
+    Error::transient(format!("kubernetes: {what}")).caused_by(e)
 }
 
 /// One pseudo worker of the Kubernetes backend.
@@ -299,17 +300,11 @@ fn kueue_resource(kind: &str, plural: &str) -> ApiResource {
     )
 }
 
-fn str_attr(s: &str) -> job::AttributeValue {
-    job::AttributeValue {
-        value: Some(job::attribute_value::Value::StringValue(s.into())),
-    }
-}
-
 impl KubeBackend {
-    fn registration_now(&self) -> c::RegisterRequest {
+    fn registration_now(&self) -> Registration {
         // Kueue owns placement: the pseudo worker never runs out, so every pending task becomes an
         // attempt (a Pod) at once and waits, if it must, in Kueue's queue.
-        let mut attributes: BTreeMap<String, job::AttributeValue> = BTreeMap::new();
+        let mut attributes: BTreeMap<String, AttrValue> = BTreeMap::new();
         for key in [
             "leafgroup",
             "nvlink.domain",
@@ -319,29 +314,25 @@ impl KubeBackend {
             km::topology::LABEL_NVLINK_DOMAIN,
             km::topology::LABEL_HOSTNAME,
         ] {
-            attributes.insert(key.into(), str_attr("kueue"));
+            attributes.insert(key.into(), AttrValue::from("kueue"));
         }
-        attributes.insert("backend".into(), str_attr("kubernetes"));
-        let device = self.variant.as_ref().map(|v| job::DeviceConfig {
-            device: Some(job::device_config::Device::Gpu(job::GpuDevice {
-                variant: v.clone(),
-                count: 1_000_000,
-            })),
-        });
-        c::RegisterRequest {
-            address: String::new(),
-            worker_id: self.id.clone(),
-            slice_id: String::new(),
-            scale_group: "kubernetes".into(),
-            metadata: Some(job::WorkerMetadata {
-                hostname: format!("kubernetes/{}", self.core.settings.provider.namespace),
-                cpu_count: 1_000_000,
+        attributes.insert("backend".into(), AttrValue::from("kubernetes"));
+        let (device, gpu) = match &self.variant {
+            Some(v) => (Device::Gpu { variant: v.clone() }, 1_000_000),
+            None => (Device::Cpu, 0),
+        };
+        Registration {
+            hostname: format!("kubernetes/{}", self.core.settings.provider.namespace),
+            capacity: Resources {
+                cpu_millicores: 1_000_000 * 1000,
                 memory_bytes: 1 << 60,
                 disk_bytes: 1 << 60,
-                device,
-                attributes,
-                ..Default::default()
-            }),
+                gpu,
+                tpu: 0,
+            },
+            device,
+            attributes,
+            scale_group: "kubernetes".into(),
         }
     }
 
@@ -361,25 +352,26 @@ impl KubeBackend {
             .collect()
     }
 
-    async fn reconcile_now(
-        &self,
-        desired: Vec<w::DesiredAttempt>,
-    ) -> Result<BackendReport, RpcError> {
+    async fn reconcile_now(&self, desired: Vec<DesiredAttempt>) -> Result<Report, Error> {
         let core = &self.core;
-        let mut report = BackendReport::default();
+        let mut report = Report::default();
         let mut want_run: Vec<String> = Vec::new();
         let mut want_stop: BTreeSet<String> = BTreeSet::new();
+        let log_keys: HashMap<&String, String> = desired
+            .iter()
+            .map(|d| (&d.attempt_uid, d.log_key()))
+            .collect();
         {
             let mut st = lock(&self.state);
             for d in &desired {
                 match &d.intent {
-                    Some(w::desired_attempt::Intent::Run(spec)) => {
-                        if let Some(r) = &spec.request {
-                            st.requests.insert(d.attempt_uid.clone(), r.clone());
+                    Intent::Run { launch } => {
+                        if let Some(r) = launch {
+                            st.requests.insert(d.attempt_uid.clone(), (**r).clone());
                         }
                         want_run.push(d.attempt_uid.clone());
                     }
-                    Some(w::desired_attempt::Intent::Stop(_)) | None => {
+                    Intent::Stop(_) => {
                         want_stop.insert(d.attempt_uid.clone());
                     }
                 }
@@ -420,11 +412,9 @@ impl KubeBackend {
                     lock(&self.state).manifest_errors.insert(uid, m);
                 }
                 Err(ApplyError::Api(e)) => {
-                    report.observed.push(w::AttemptObservation {
-                        attempt_uid: uid,
-                        state: job::TaskState::WorkerFailed as i32,
+                    report.observed.push(Observation {
                         error: format!("applying the pod: {e}"),
-                        ..Default::default()
+                        ..Observation::new(uid, TaskState::WorkerFailed)
                     });
                 }
             }
@@ -445,11 +435,9 @@ impl KubeBackend {
             }
             if let Some(u) = &uid {
                 if want_stop.contains(u) {
-                    report.observed.push(w::AttemptObservation {
-                        attempt_uid: u.clone(),
-                        state: job::TaskState::Killed as i32,
-                        ..Default::default()
-                    });
+                    report
+                        .observed
+                        .push(Observation::new(u.clone(), TaskState::Killed));
                 }
             }
             if p.metadata.deletion_timestamp.is_none() {
@@ -467,11 +455,9 @@ impl KubeBackend {
                 .iter()
                 .any(|p| attempt_uid_of(p).as_deref() == Some(u.as_str()));
             if !has_pod {
-                report.observed.push(w::AttemptObservation {
-                    attempt_uid: u.clone(),
-                    state: job::TaskState::Killed as i32,
-                    ..Default::default()
-                });
+                report
+                    .observed
+                    .push(Observation::new(u.clone(), TaskState::Killed));
             }
         }
 
@@ -479,12 +465,10 @@ impl KubeBackend {
         let mut log_reads: Vec<(String, String, Arc<Pod>)> = Vec::new();
         for uid in &want_run {
             if let Some(m) = lock(&self.state).manifest_errors.get(uid).cloned() {
-                report.observed.push(w::AttemptObservation {
-                    attempt_uid: uid.clone(),
-                    state: job::TaskState::Failed as i32,
-                    exit_code: -1,
+                report.observed.push(Observation {
+                    exit_code: Some(-1),
                     error: m,
-                    ..Default::default()
+                    ..Observation::new(uid.clone(), TaskState::Failed)
                 });
                 continue;
             }
@@ -536,26 +520,23 @@ impl KubeBackend {
                     });
                 }
             }
-            let state = obs.state.task_state();
-            report.observed.push(w::AttemptObservation {
+            report.observed.push(Observation {
                 attempt_uid: uid.clone(),
-                state: state.code(),
-                exit_code: obs
-                    .exit_code
-                    .unwrap_or(if obs.state.is_terminal() { -1 } else { 0 }),
+                state: obs.state.task_state(),
+                // A pod that ended without its container exiting (never started, evicted).
+                exit_code: obs.exit_code.or(obs.state.is_terminal().then_some(-1)),
                 error: obs.error.clone().unwrap_or_default(),
                 status_message: obs.status_message.clone(),
-                ..Default::default()
             });
-            if let Some(p) = &pod {
-                log_reads.push((uid.clone(), name.clone(), p.clone()));
+            if let (Some(p), Some(key)) = (&pod, log_keys.get(uid)) {
+                log_reads.push((key.clone(), name.clone(), p.clone()));
             }
             if obs.state.is_terminal() {
                 lock(&self.state).missing.forget(&name);
             }
         }
         let logs: Vec<Option<AttemptLogs>> = futures::stream::iter(log_reads)
-            .map(|(uid, name, p)| async move { self.ship_logs(&uid, &name, &p).await })
+            .map(|(key, name, p)| async move { self.ship_logs(key, &name, &p).await })
             .buffer_unordered(APPLY_CONCURRENCY)
             .collect()
             .await;
@@ -634,8 +615,8 @@ impl KubeBackend {
         st.missing.forget(name);
     }
 
-    /// New lines of the attempt's `task` container log since the last round.
-    async fn ship_logs(&self, uid: &str, name: &str, pod: &Pod) -> Option<AttemptLogs> {
+    /// New lines of the attempt's `task` container log since the last round, stored under `key`.
+    async fn ship_logs(&self, key: String, name: &str, pod: &Pod) -> Option<AttemptLogs> {
         let core = &self.core;
         let ph = phase(pod);
         if !matches!(ph, "Running" | "Succeeded" | "Failed")
@@ -666,25 +647,6 @@ impl KubeBackend {
             )
             .await
             .ok()?;
-        let req = lock(&self.state).requests.get(uid).cloned();
-        let key = match &req {
-            Some(r) => format!("{}:{}", r.task_id, r.attempt_id),
-            None => pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(km::manifest::ANNOTATION_TASK_ID))
-                .map(|t| {
-                    let attempt = pod
-                        .metadata
-                        .labels
-                        .as_ref()
-                        .and_then(|l| l.get(km::manifest::LABEL_ATTEMPT_ID))
-                        .cloned()
-                        .unwrap_or_default();
-                    format!("{t}:{attempt}")
-                })?,
-        };
         let mut st = lock(&self.state);
         let sent = st.log_lines.get(name).copied().unwrap_or(0);
         let now = now_ms();
@@ -701,7 +663,7 @@ impl KubeBackend {
         (!lines.is_empty()).then_some(AttemptLogs { key, lines })
     }
 
-    async fn summary_now(&self) -> Result<c::BackendSummary, RpcError> {
+    async fn summary_now(&self) -> Result<Summary, Error> {
         let core = &self.core;
         let nodes: Api<Node> = Api::all(core.client.clone());
         let nodes = nodes
@@ -733,44 +695,33 @@ impl KubeBackend {
         }
         let availability = self.variant.as_ref().map(|v| {
             let token = v.to_lowercase();
-            c::ResourceAvailability {
-                version: 3,
-                observation_epoch_ms: now_ms(),
-                amounts: BTreeMap::from([(token.clone(), cap.free_gpus as i64)])
-                    .into_iter()
-                    .collect(),
-                total_amounts: BTreeMap::from([(token.clone(), cap.total_gpus as i64)])
-                    .into_iter()
-                    .collect(),
-                held_by_band: cap
-                    .held_by_band
-                    .iter()
-                    .map(|(b, n)| c::BandCapacity {
-                        band: b.code(),
-                        amounts: BTreeMap::from([(token.clone(), *n as i64)])
-                            .into_iter()
-                            .collect(),
-                    })
-                    .collect(),
+            let of =
+                |n: u64| BTreeMap::from([(token.clone(), i64::try_from(n).unwrap_or(i64::MAX))]);
+            Availability {
+                observed_at_ms: now_ms(),
+                free: of(cap.free_gpus),
+                total: of(cap.total_gpus),
+                held_by_band: cap.held_by_band.iter().map(|(b, n)| (*b, of(*n))).collect(),
             }
         });
         let mine = self.pods_of_this_backend();
-        let running = mine.iter().filter(|p| phase(p) == "Running").count() as i32;
-        let pending = mine.iter().filter(|p| phase(p) == "Pending").count() as i32;
-        let status = c::GetKubernetesClusterStatusResponse {
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let running = count(mine.iter().filter(|p| phase(p) == "Running").count());
+        let pending = count(mine.iter().filter(|p| phase(p) == "Pending").count());
+        let status = KubernetesStatus {
             namespace: core.settings.provider.namespace.clone(),
-            total_nodes: cap.nodes.len() as i32,
-            schedulable_nodes: cap.schedulable_nodes as i32,
+            total_nodes: count(cap.nodes.len()),
+            schedulable_nodes: cap.schedulable_nodes,
             allocatable_cpu: km::capacity::format_cores(cap.allocatable_cpu_millicores),
             allocatable_memory: format!(
                 "{:.1} GiB",
                 cap.allocatable_memory_bytes as f64 / (1u64 << 30) as f64
             ),
-            pod_statuses: mine
+            pods: mine
                 .iter()
                 .map(|p| {
                     let o = km::status::observe(p, None);
-                    c::KubernetesPodStatus {
+                    PodStatus {
                         pod_name: p.metadata.name.clone().unwrap_or_default(),
                         task_id: p
                             .metadata
@@ -782,56 +733,38 @@ impl KubeBackend {
                         phase: phase(p).to_string(),
                         reason: o.error.clone().unwrap_or_default(),
                         message: o.status_message.clone(),
-                        last_transition: None,
                         node_name: o.node_name.clone().unwrap_or_default(),
                     }
                 })
                 .collect(),
             provider_version: "iris-kubernetes/v1".into(),
-            node_pools: Vec::new(),
             nodes: cap
                 .nodes
                 .iter()
-                .map(|n| c::NodeStatus {
+                .map(|n| NodeStatus {
                     name: n.name.clone(),
                     ready: n.ready,
                     schedulable: n.schedulable,
-                    status_summary: if n.ready {
-                        "Ready".into()
-                    } else {
-                        "NotReady".into()
-                    },
                     instance_type: n.instance_type.clone().unwrap_or_default(),
-                    region: String::new(),
-                    gpu_count: n.gpu_count as i32,
+                    gpu_count: n.gpu_count,
                     gpu_model: n.gpu_model.clone().unwrap_or_default(),
                     cpu_millicores: n.allocatable_cpu_millicores as i64,
                     memory_bytes: n.allocatable_memory_bytes as i64,
                     disk_bytes: n.allocatable_disk_bytes as i64,
-                    running_pods: n.running_pods as i32,
-                    created: String::new(),
+                    running_pods: n.running_pods,
                 })
                 .collect(),
         };
-        Ok(c::BackendSummary {
-            backend_id: self.id.clone(),
-            name: self.id.clone(),
+        Ok(Summary {
             kind: "kubernetes".into(),
             capabilities: vec!["DIRECT_DISPATCH".into()],
-            advertised_attributes: advertised
-                .into_iter()
-                .map(|(k, v)| (k, iris_proto::cluster::StringList { values: v }))
-                .collect(),
+            advertised,
             scale_groups: core.settings.scale_groups.clone(),
-            worker_count: cap.nodes.len() as i32,
-            pending_task_count: pending,
-            running_task_count: running,
-            has_autoscaler: false,
-            capacity_health: Default::default(),
-            detail: Some(c::BackendStatus {
-                detail: Some(c::backend_status::Detail::Kubernetes(status)),
-            }),
+            worker_count: count(cap.nodes.len()),
+            pending_tasks: pending,
+            running_tasks: running,
             availability,
+            detail: Some(Detail::Kubernetes(status)),
         })
     }
 }
@@ -1042,18 +975,15 @@ impl Backend for KubeBackend {
         self.id.clone()
     }
 
-    fn registration(&self) -> BoxFuture<'_, Result<c::RegisterRequest, RpcError>> {
+    fn registration(&self) -> BoxFuture<'_, Result<Registration, Error>> {
         Box::pin(async move { Ok(self.registration_now()) })
     }
 
-    fn reconcile(
-        &self,
-        desired: Vec<w::DesiredAttempt>,
-    ) -> BoxFuture<'_, Result<BackendReport, RpcError>> {
+    fn reconcile(&self, desired: Vec<DesiredAttempt>) -> BoxFuture<'_, Result<Report, Error>> {
         Box::pin(self.reconcile_now(desired))
     }
 
-    fn summary(&self) -> BoxFuture<'_, Result<c::BackendSummary, RpcError>> {
+    fn summary(&self) -> BoxFuture<'_, Result<Summary, Error>> {
         Box::pin(self.summary_now())
     }
 }

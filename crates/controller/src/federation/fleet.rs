@@ -24,7 +24,7 @@ impl Controller {
             }
         }
         for b in self.backend_list() {
-            backends.push(b.summary().await?);
+            backends.push(crate::backend::summary(&*b).await?);
         }
         Ok(c::ListBackendsResponse {
             backends,
@@ -159,7 +159,7 @@ impl Controller {
             if !req.backend_id.is_empty() && b.worker_id() != req.backend_id {
                 continue;
             }
-            let s = b.summary().await?;
+            let s = crate::backend::summary(&*b).await?;
             if let Some(c::backend_status::Detail::Kubernetes(k)) = s.detail.and_then(|d| d.detail)
             {
                 return Ok(k);
