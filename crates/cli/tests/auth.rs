@@ -858,3 +858,64 @@ fn iap_assertions() {
     let (status, _) = who(None);
     assert_eq!(status, 401);
 }
+
+#[test]
+fn elevated_container_profiles_need_an_admin() {
+    let env = Env::start("");
+    let alice = env.user("alice", "user");
+    let root = env.user("root", "user");
+    let launch = |name: &str, profile: &str| {
+        format!(
+            r#"{{"name":"{name}","entrypoint":{{"runCommand":{{"argv":["true"]}}}},"containerProfile":"{profile}"}}"#
+        )
+    };
+    for profile in [
+        "CONTAINER_PROFILE_PRIVILEGED",
+        "CONTAINER_PROFILE_DOCKER_ACCESS",
+    ] {
+        let (ok, out, _) = env.iris(
+            Some(&alice),
+            &[
+                "rpc",
+                "controller",
+                "launch-job",
+                "--json",
+                &launch("/alice/priv", profile),
+            ],
+        );
+        assert!(!ok, "{profile} for a non-admin must be refused: {out}");
+        assert!(
+            out.contains("permission_denied") && out.contains("container_profile"),
+            "{out}"
+        );
+    }
+    // Nothing was written for the refused submissions.
+    assert_eq!(
+        env.cluster
+            .query_i64("SELECT count(*) AS n FROM jobs WHERE job_id = '/alice/priv'"),
+        0
+    );
+    // The default profile is fine for her; an admin may ask for PRIVILEGED.
+    let (ok, out, _) = env.iris(
+        Some(&alice),
+        &[
+            "rpc",
+            "controller",
+            "launch-job",
+            "--json",
+            &launch("/alice/plain", "CONTAINER_PROFILE_DEFAULT"),
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out, _) = env.iris(
+        Some(&root),
+        &[
+            "rpc",
+            "controller",
+            "launch-job",
+            "--json",
+            &launch("/root/priv", "CONTAINER_PROFILE_PRIVILEGED"),
+        ],
+    );
+    assert!(ok, "{out}");
+}

@@ -110,6 +110,7 @@ impl Controller {
             }
             None => {
                 let name = self.authorize_submission(name, req.priority_band)?;
+                self.authorize_container_profile(&name, req.container_profile)?;
                 let who = if caller.anonymous {
                     "local_admin".to_string()
                 } else {
@@ -553,6 +554,38 @@ impl Controller {
         let group_by = req.coscheduling.as_ref().map(|c| c.group_by.as_str());
         iris_scheduler::feasible_anywhere(&res, &all, group_by, req.replicas.max(1) as u32, workers)
             .map_err(|why| Error::precondition(format!("Job {name} is unschedulable: {why}")))
+    }
+
+    /// Elevated container profiles (DOCKER_ACCESS, PRIVILEGED) need an admin when auth is on;
+    /// a task may ask for its own job's profile for a child (reference §2.4).
+    fn authorize_container_profile(&self, name: &JobName, profile: i32) -> Result<()> {
+        use job::ContainerProfile as P;
+        let elevated = profile == P::DockerAccess as i32 || profile == P::Privileged as i32;
+        if !elevated || self.cfg.auth.is_none() {
+            return Ok(());
+        }
+        let caller = crate::auth::caller();
+        if caller.is_admin() {
+            return Ok(());
+        }
+        if caller.role == iris_auth::Role::Task {
+            if let Some(parent) = name.parent() {
+                let spec = self.spec(&*self.db(), parent.as_str())?;
+                if spec.is_some_and(|s| s.request.container_profile == profile) {
+                    return Ok(());
+                }
+            }
+        }
+        let label = P::try_from(profile)
+            .map(|p| {
+                p.as_str_name()
+                    .trim_start_matches("CONTAINER_PROFILE_")
+                    .to_ascii_lowercase()
+            })
+            .unwrap_or_default();
+        Err(Error::denied(format!(
+            "container_profile: {label} requires the admin role; submit with the default profile or ask an admin"
+        )))
     }
 
     /// Auth rules for a submission (reference §2.4): non-admin root jobs are renamed to
