@@ -295,7 +295,7 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     }
     println!("Started {} local worker(s)", workers.len());
     let code = if a.sample {
-        let cl = crate::controller_client(&Some(url.clone()))?;
+        let cl = crate::client::controller_client(&Some(url.clone()))?;
         run_sample(&cl).await?
     } else {
         println!("Press Ctrl-C to stop.");
@@ -347,7 +347,7 @@ async fn run_sample(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
         )
         .await?;
     println!("Submitted sample job {}", r.job_id);
-    let code = crate::stream_sample(cl, &r.job_id).await?;
+    let code = crate::cmd::job::stream_sample(cl, &r.job_id).await?;
     Ok(code)
 }
 

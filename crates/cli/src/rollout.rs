@@ -78,7 +78,7 @@ pub async fn checkpoint(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
 pub async fn restart(a: RestartArgs, url: &Option<String>) -> anyhow::Result<i32> {
     let store = remote(&a.remote_state_dir, &a.config)?;
     let previous = store.read_rollout().await?;
-    let cl = crate::controller_client(url)?;
+    let cl = crate::client::controller_client(url)?;
     let r = begin(&cl).await?;
     let ms = r.created_at.map(|t| t.epoch_ms).unwrap_or_default();
     let rec = RolloutRecord {

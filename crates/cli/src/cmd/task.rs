@@ -1,0 +1,103 @@
+//! `iris task ...`: listing and describing a job's tasks, their logs and events, and the bulk
+//! `preempt`/`fail` actions ([`kick`], shared with `iris attempt`).
+
+use super::bulk_ids;
+use super::logs::logs;
+use crate::client::{call, call_inspect, controller_client};
+use crate::{output, BulkArgs, TaskCmd};
+use iris_proto::cluster::controller as c;
+use iris_rpc::Client;
+
+/// Prints `ListTaskEvents` for a task (optionally one attempt), with a note on stderr when
+/// earlier events were left out.
+pub(crate) async fn task_events(
+    cl: &Client,
+    task_id: &str,
+    attempt_id: Option<i32>,
+    limit: i32,
+) -> anyhow::Result<i32> {
+    let r: iris_proto::inspect::ListTaskEventsResponse = call_inspect(
+        cl,
+        "ListTaskEvents",
+        &iris_proto::inspect::ListTaskEventsRequest {
+            task_id: task_id.to_string(),
+            attempt_id,
+            limit,
+        },
+    )
+    .await?;
+    output::print_events(&r.events);
+    if r.omitted > 0 {
+        eprintln!(
+            "({} earlier event(s) not shown; pass --limit up to 10000 to see more)",
+            r.omitted
+        );
+    }
+    Ok(0)
+}
+
+pub(crate) async fn kick(cl: &Client, b: &BulkArgs, desired: i32) -> anyhow::Result<i32> {
+    let ids = bulk_ids(b)?;
+    if b.dry_run {
+        for i in &ids {
+            println!(
+                "Would {} {i}",
+                if desired == 10 { "preempt" } else { "fail" }
+            );
+        }
+        return Ok(0);
+    }
+    let r: c::KickTasksResponse = call(
+        cl,
+        "KickTasks",
+        &c::KickTasksRequest {
+            targets: ids,
+            desired_state: desired,
+            reason: b.reason.clone().unwrap_or_default(),
+        },
+    )
+    .await?;
+    let mut bad = 0;
+    for x in r.results {
+        if x.queued {
+            println!(
+                "{} {}: {}",
+                if desired == 10 { "Preempted" } else { "Failed" },
+                x.task_id,
+                x.detail
+            );
+        } else {
+            bad += 1;
+            eprintln!("{}: {}", x.target, x.detail);
+        }
+    }
+    Ok(if bad > 0 { 1 } else { 0 })
+}
+
+pub(crate) async fn run(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> {
+    let cl = controller_client(&url)?;
+    match t {
+        TaskCmd::List { job_id } => {
+            let r: c::ListTasksResponse =
+                call(&cl, "ListTasks", &c::ListTasksRequest { job_id }).await?;
+            output::print_tasks(&r.tasks);
+            Ok(0)
+        }
+        TaskCmd::Describe { task_id } => {
+            let r: c::GetTaskStatusResponse =
+                call(&cl, "GetTaskStatus", &c::GetTaskStatusRequest { task_id }).await?;
+            output::print_task(&r.task.unwrap_or_default());
+            Ok(0)
+        }
+        TaskCmd::Logs(l) => {
+            let src = format!("{}:", l.target);
+            logs(&cl, &l, &src, 2, None).await
+        }
+        TaskCmd::Events { task_id, limit } => {
+            iris_types::TaskId::parse(&task_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            task_events(&cl, &task_id, None, limit).await
+        }
+        TaskCmd::Preempt(b) => kick(&cl, &b, 10).await,
+        TaskCmd::Fail(b) => kick(&cl, &b, 5).await,
+    }
+}
