@@ -1,0 +1,179 @@
+//! The worker's RPC surface (`iris.cluster.WorkerService`): `HealthCheck`, and `Reconcile`,
+//! which takes the controller's desired set of attempts, starts the new ones, stops the ones
+//! asked to stop (and live ones no longer desired), and answers with what the worker observes.
+
+use crate::attempt::{kill_group, run_attempt};
+use crate::{lock, terminal, Attempt, Inner, BUILDING, KILLED, MISSING, PENDING};
+use axum::body::Bytes;
+use axum::extract::{Path as AxPath, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use iris_proto::cluster::worker as w;
+use iris_proto::job;
+use iris_rpc::RpcError;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(crate) async fn dispatch(
+    State(inner): State<Arc<Inner>>,
+    AxPath((service, method)): AxPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    use axum::response::IntoResponse;
+    match (service.as_str(), method.as_str()) {
+        ("iris.cluster.WorkerService", "Reconcile") => {
+            iris_rpc::unary(&headers, &body, |req| {
+                let inner = inner.clone();
+                async move { reconcile(&inner, req) }
+            })
+            .await
+        }
+        ("iris.cluster.WorkerService", "HealthCheck") => {
+            iris_rpc::unary(&headers, &body, |_req: job::Empty| {
+                let inner = inner.clone();
+                async move {
+                    let running = lock(&inner.attempts)
+                        .values()
+                        .filter(|a| !terminal(a.state))
+                        .count() as i32;
+                    Ok::<_, RpcError>(w::HealthResponse {
+                        healthy: true,
+                        uptime: None,
+                        running_tasks: running,
+                    })
+                }
+            })
+            .await
+        }
+        _ => RpcError::new(
+            iris_rpc::Code::Unimplemented,
+            format!("{service}/{method} is not implemented"),
+        )
+        .into_response(),
+    }
+}
+
+fn reconcile(
+    inner: &Arc<Inner>,
+    req: w::ReconcileRequest,
+) -> Result<w::ReconcileResponse, RpcError> {
+    if req.worker_id != inner.cfg.worker_id {
+        return Err(RpcError::invalid(format!(
+            "reconcile addressed to worker {:?}, but this is {:?}",
+            req.worker_id, inner.cfg.worker_id
+        )));
+    }
+    *lock(&inner.last_reconcile) = Instant::now();
+    let mut observed = Vec::with_capacity(req.desired.len());
+    let desired_uids: std::collections::HashSet<String> =
+        req.desired.iter().map(|d| d.attempt_uid.clone()).collect();
+    let mut attempts = lock(&inner.attempts);
+    // Kill zombies: live local attempts the controller no longer wants; forget finished ones.
+    attempts.retain(|uid, a| {
+        if desired_uids.contains(uid) {
+            return true;
+        }
+        if !terminal(a.state) {
+            a.stop_requested = true;
+            if let Some(pg) = a.pgid {
+                kill_group(pg);
+            }
+            return true;
+        }
+        false
+    });
+    for d in req.desired {
+        use w::desired_attempt::Intent;
+        match d.intent {
+            Some(Intent::Run(spec)) => {
+                if !attempts.contains_key(&d.attempt_uid) {
+                    match spec.request {
+                        Some(run) => {
+                            // A newer attempt of the same task supersedes an older live one.
+                            for a in attempts.values_mut() {
+                                if a.task_id == run.task_id
+                                    && a.attempt_id < run.attempt_id
+                                    && !terminal(a.state)
+                                {
+                                    a.stop_requested = true;
+                                    if let Some(pg) = a.pgid {
+                                        kill_group(pg);
+                                    }
+                                }
+                            }
+                            attempts.insert(
+                                d.attempt_uid.clone(),
+                                Attempt {
+                                    task_id: run.task_id.clone(),
+                                    attempt_id: run.attempt_id,
+                                    state: BUILDING,
+                                    exit_code: 0,
+                                    error: String::new(),
+                                    pgid: None,
+                                    stop_requested: false,
+                                    abandoned: false,
+                                },
+                            );
+                            let inner2 = inner.clone();
+                            let uid = d.attempt_uid.clone();
+                            // Owned by the attempt entry: ends when the child exits.
+                            tokio::spawn(async move { run_attempt(inner2, uid, run).await });
+                        }
+                        None => {
+                            observed.push(w::AttemptObservation {
+                                attempt_uid: d.attempt_uid,
+                                state: MISSING,
+                                ..Default::default()
+                            });
+                            continue;
+                        }
+                    }
+                }
+            }
+            Some(Intent::Stop(_)) => match attempts.get_mut(&d.attempt_uid) {
+                Some(a) if !terminal(a.state) => {
+                    a.stop_requested = true;
+                    if let Some(pg) = a.pgid {
+                        kill_group(pg);
+                    } else if a.state == PENDING {
+                        a.state = KILLED;
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    observed.push(w::AttemptObservation {
+                        attempt_uid: d.attempt_uid,
+                        state: MISSING,
+                        ..Default::default()
+                    });
+                    continue;
+                }
+            },
+            None => continue,
+        }
+        if let Some(a) = attempts.get(&d.attempt_uid) {
+            observed.push(w::AttemptObservation {
+                attempt_uid: d.attempt_uid,
+                state: if a.state == PENDING {
+                    BUILDING
+                } else {
+                    a.state
+                },
+                exit_code: a.exit_code,
+                error: a.error.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    drop(attempts);
+    Ok(w::ReconcileResponse {
+        worker_id: inner.cfg.worker_id.clone(),
+        observed,
+        health: Some(w::WorkerHealth {
+            healthy: true,
+            health_error: String::new(),
+            resources: None,
+        }),
+    })
+}
