@@ -5,11 +5,11 @@
 //! controller is lost) lives here too.
 
 use crate::logs::{now_ms, LogShipper};
-use crate::{bundle, lock, terminal, Attempt, Inner};
-use crate::{FAILED, KILLED, RUNNING, SUCCEEDED, WORKER_FAILED};
+use crate::{bundle, lock, Attempt, Inner};
 use anyhow::Context;
 use iris_proto::finelog::logging as fl;
 use iris_proto::job;
+use iris_types::TaskState;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncBufReadExt;
@@ -27,7 +27,7 @@ pub(crate) fn kill_all(inner: &Inner) {
 /// Each ends WORKER_FAILED, so the controller reruns it under the preemption budget.
 pub(crate) fn abandon_all(inner: &Inner) {
     for a in lock(&inner.attempts).values_mut() {
-        if !terminal(a.state) {
+        if !a.state.is_terminal() {
             a.stop_requested = true;
             a.abandoned = true;
             if let Some(pg) = a.pgid {
@@ -139,7 +139,7 @@ pub(crate) async fn run_attempt(inner: Arc<Inner>, uid: String, run: job::RunTas
     logs.flush(&inner).await;
     let (state, code, error) = match outcome {
         Ok(o) => o,
-        Err(e) => (FAILED, -1, format!("setup failed: {e:#}")),
+        Err(e) => (TaskState::Failed, -1, format!("setup failed: {e:#}")),
     };
     set_state(&inner, &uid, |a| {
         a.state = state;
@@ -157,7 +157,7 @@ async fn execute(
     run: &job::RunTaskRequest,
     dir: &std::path::Path,
     logs: &mut LogShipper,
-) -> anyhow::Result<(i32, i32, String)> {
+) -> anyhow::Result<(TaskState, i32, String)> {
     prepare_workdir(inner, run, dir).await?;
     let argv = run
         .entrypoint
@@ -227,13 +227,13 @@ async fn execute(
     }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return Ok((FAILED, -1, format!("cannot start {prog:?}: {e}"))),
+        Err(e) => return Ok((TaskState::Failed, -1, format!("cannot start {prog:?}: {e}"))),
     };
     let pgid = child.id().map(|p| p as i32);
     let mut stop_now = false;
     set_state(inner, uid, |a| {
         a.pgid = pgid;
-        a.state = RUNNING;
+        a.state = TaskState::Running;
         stop_now = a.stop_requested;
     });
     if stop_now {
@@ -314,7 +314,7 @@ async fn execute(
         .unwrap_or((false, false));
     if abandoned {
         return Ok((
-            WORKER_FAILED,
+            TaskState::WorkerFailed,
             status.code().unwrap_or(-1),
             "Killed by the worker: no reconcile from the controller within the heartbeat timeout"
                 .into(),
@@ -322,14 +322,14 @@ async fn execute(
     }
     if stopped {
         return Ok((
-            KILLED,
+            TaskState::Killed,
             status.code().unwrap_or(-1),
             "Stopped by controller".into(),
         ));
     }
     use std::os::unix::process::ExitStatusExt;
     let (code, mut error) = match (status.code(), status.signal()) {
-        (Some(0), _) => return Ok((SUCCEEDED, 0, String::new())),
+        (Some(0), _) => return Ok((TaskState::Succeeded, 0, String::new())),
         (Some(c), _) => (c, format!("Exit code: {c}")),
         (None, Some(sig)) => {
             let name = nix::sys::signal::Signal::try_from(sig)
@@ -346,5 +346,5 @@ async fn execute(
         error.push_str(". stderr: ");
         error.push_str(&last_stderr);
     }
-    Ok((FAILED, code, error))
+    Ok((TaskState::Failed, code, error))
 }

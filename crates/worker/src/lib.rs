@@ -8,6 +8,7 @@
 //! This file holds the configuration, the shared state and [`start`]; `registration` talks to
 //! the controller's `Register`, `service` answers `Reconcile`, `attempt` runs and stops the
 //! attempt processes, `logs` ships their output, and `bundle` fetches and unpacks bundles.
+//! Attempt states are [`iris_types::TaskState`], reported over the wire by their codes.
 
 mod attempt;
 pub mod bundle;
@@ -18,6 +19,7 @@ mod service;
 use anyhow::Context;
 use axum::routing::post;
 use axum::Router;
+use iris_types::TaskState;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,7 +48,7 @@ pub struct WorkerConfig {
 struct Attempt {
     task_id: String,
     attempt_id: i32,
-    state: i32,
+    state: TaskState,
     exit_code: i32,
     error: String,
     pgid: Option<i32>,
@@ -65,19 +67,6 @@ struct Inner {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-const PENDING: i32 = 1;
-const BUILDING: i32 = 2;
-const RUNNING: i32 = 3;
-const SUCCEEDED: i32 = 4;
-const FAILED: i32 = 5;
-const KILLED: i32 = 6;
-const WORKER_FAILED: i32 = 7;
-const MISSING: i32 = 12;
-
-fn terminal(s: i32) -> bool {
-    matches!(s, SUCCEEDED | FAILED | KILLED | WORKER_FAILED | 8 | 10 | 11)
 }
 
 /// A running worker.

@@ -3,7 +3,7 @@
 //! asked to stop (and live ones no longer desired), and answers with what the worker observes.
 
 use crate::attempt::{kill_group, run_attempt};
-use crate::{lock, terminal, Attempt, Inner, BUILDING, KILLED, MISSING, PENDING};
+use crate::{lock, Attempt, Inner};
 use axum::body::Bytes;
 use axum::extract::{Path as AxPath, State};
 use axum::http::HeaderMap;
@@ -11,6 +11,7 @@ use axum::response::Response;
 use iris_proto::cluster::worker as w;
 use iris_proto::job;
 use iris_rpc::RpcError;
+use iris_types::TaskState;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -35,7 +36,7 @@ pub(crate) async fn dispatch(
                 async move {
                     let running = lock(&inner.attempts)
                         .values()
-                        .filter(|a| !terminal(a.state))
+                        .filter(|a| !a.state.is_terminal())
                         .count() as i32;
                     Ok::<_, RpcError>(w::HealthResponse {
                         healthy: true,
@@ -74,7 +75,7 @@ fn reconcile(
         if desired_uids.contains(uid) {
             return true;
         }
-        if !terminal(a.state) {
+        if !a.state.is_terminal() {
             a.stop_requested = true;
             if let Some(pg) = a.pgid {
                 kill_group(pg);
@@ -94,7 +95,7 @@ fn reconcile(
                             for a in attempts.values_mut() {
                                 if a.task_id == run.task_id
                                     && a.attempt_id < run.attempt_id
-                                    && !terminal(a.state)
+                                    && !a.state.is_terminal()
                                 {
                                     a.stop_requested = true;
                                     if let Some(pg) = a.pgid {
@@ -107,7 +108,7 @@ fn reconcile(
                                 Attempt {
                                     task_id: run.task_id.clone(),
                                     attempt_id: run.attempt_id,
-                                    state: BUILDING,
+                                    state: TaskState::Building,
                                     exit_code: 0,
                                     error: String::new(),
                                     pgid: None,
@@ -123,7 +124,7 @@ fn reconcile(
                         None => {
                             observed.push(w::AttemptObservation {
                                 attempt_uid: d.attempt_uid,
-                                state: MISSING,
+                                state: TaskState::Missing.code(),
                                 ..Default::default()
                             });
                             continue;
@@ -132,19 +133,19 @@ fn reconcile(
                 }
             }
             Some(Intent::Stop(_)) => match attempts.get_mut(&d.attempt_uid) {
-                Some(a) if !terminal(a.state) => {
+                Some(a) if !a.state.is_terminal() => {
                     a.stop_requested = true;
                     if let Some(pg) = a.pgid {
                         kill_group(pg);
-                    } else if a.state == PENDING {
-                        a.state = KILLED;
+                    } else if a.state == TaskState::Pending {
+                        a.state = TaskState::Killed;
                     }
                 }
                 Some(_) => {}
                 None => {
                     observed.push(w::AttemptObservation {
                         attempt_uid: d.attempt_uid,
-                        state: MISSING,
+                        state: TaskState::Missing.code(),
                         ..Default::default()
                     });
                     continue;
@@ -155,10 +156,10 @@ fn reconcile(
         if let Some(a) = attempts.get(&d.attempt_uid) {
             observed.push(w::AttemptObservation {
                 attempt_uid: d.attempt_uid,
-                state: if a.state == PENDING {
-                    BUILDING
+                state: if a.state == TaskState::Pending {
+                    TaskState::Building.code()
                 } else {
-                    a.state
+                    a.state.code()
                 },
                 exit_code: a.exit_code,
                 error: a.error.clone(),
@@ -176,4 +177,33 @@ fn reconcile(
             resources: None,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use iris_proto::job;
+    use iris_types::TaskState;
+
+    /// The worker reports `TaskState::code()` in `AttemptObservation.state`: every code must be
+    /// the proto's value for the state of the same name.
+    #[test]
+    fn reported_codes_are_the_wire_codes() {
+        for s in TaskState::ALL {
+            let wire = job::TaskState::try_from(s.code()).expect("every state has a wire code");
+            assert_eq!(TaskState::from_friendly(wire.as_str_name()), Some(*s));
+        }
+        let reported = [
+            (TaskState::Pending, 1),
+            (TaskState::Building, 2),
+            (TaskState::Running, 3),
+            (TaskState::Succeeded, 4),
+            (TaskState::Failed, 5),
+            (TaskState::Killed, 6),
+            (TaskState::WorkerFailed, 7),
+            (TaskState::Missing, 12),
+        ];
+        for (s, code) in reported {
+            assert_eq!(s.code(), code, "{s}");
+        }
+    }
 }
