@@ -10,7 +10,9 @@ use crate::model::{
     Assignment, PendingTask, Plan, Policy, ResourcesExt, RunningTask, Snapshot, Worker,
 };
 use crate::order::order_pending;
-use iris_types::{AttrValue, Band, Constraint, Dim, Resources};
+use iris_types::{AttrValue, Band, Constraint, Resources};
+
+mod explain;
 
 /// Distinct ranked lists that get a [`FirstFit`] tree (about 80 KB each for 1,000 workers);
 /// further ones fall back to a linear scan.
@@ -132,23 +134,6 @@ pub(crate) enum Unit<'a> {
         tasks: Vec<usize>,
     },
     Solo(usize),
-}
-
-/// Facts about one constraint set's workers at the end of placement, for explanations.
-struct Summary {
-    /// Eligible workers in id order.
-    eligible: Vec<usize>,
-    /// Per checked dimension: the most free and the worker with it (smallest id on ties).
-    best: [(i64, usize); 4],
-    /// Per checked dimension: the largest total.
-    largest: [i64; 4],
-}
-
-/// Memoized explanations, per constraint set and request shape.
-#[derive(Default)]
-struct Explainer {
-    summaries: BTreeMap<usize, Summary>,
-    reasons: BTreeMap<(usize, [i64; 4]), String>,
 }
 
 /// A set of workers sharing one value of the `group_by` attribute.
@@ -596,167 +581,6 @@ impl<'a> Engine<'a> {
             && self.pending[p]
                 .resources
                 .covers(&self.pending[head].resources)
-    }
-
-    fn explain_unplaced(&mut self) {
-        let mut memo = Explainer::default();
-        for p in 0..self.pending.len() {
-            let t = &self.pending[p];
-            let reason = match &self.status[p] {
-                Status::Assigned => continue,
-                Status::Untouched => "Not considered this cycle".to_string(),
-                Status::Capped => format!(
-                    "Per-job cycle cap reached: at most {} tasks of job {} are considered per cycle",
-                    self.policy.max_tasks_per_job_per_cycle, t.job
-                ),
-                Status::GangFailed(r) => r.clone(),
-                Status::Failed { cset } => self.diagnose_memo(&mut memo, *cset, &t.resources),
-                Status::Skipped { head, cset } => {
-                    if self.dominated(p, *head, *cset) {
-                        self.diagnose_memo(&mut memo, *cset, &t.resources)
-                    } else {
-                        format!(
-                            "Deferred: an earlier task of job {} found no worker this cycle",
-                            t.job
-                        )
-                    }
-                }
-            };
-            self.plan.pending_reasons.insert(t.task.clone(), reason);
-        }
-    }
-
-    fn diagnose_memo(&self, memo: &mut Explainer, cs: usize, req: &Resources) -> String {
-        let key = (cs, Dim::CHECKED.map(|d| req.get(d)));
-        if let Some(r) = memo.reasons.get(&key) {
-            return r.clone();
-        }
-        let summary = memo
-            .summaries
-            .entry(cs)
-            .or_insert_with(|| self.summarize(cs));
-        let reason = self.diagnose(cs, summary, req);
-        memo.reasons.insert(key, reason.clone());
-        reason
-    }
-
-    fn summarize(&self, cs: usize) -> Summary {
-        let set = &self.csets[cs];
-        let eligible: Vec<usize> = (0..self.workers.len())
-            .filter(|&w| set.eligible[w])
-            .collect();
-        let mut best = [(i64::MIN, usize::MAX); 4];
-        let mut largest = [0i64; 4];
-        for &w in &eligible {
-            for (k, d) in Dim::CHECKED.into_iter().enumerate() {
-                let free = self.cap.free[w].get(d);
-                // Strictly more: ties keep the smallest id (eligible is in id order).
-                if free > best[k].0 {
-                    best[k] = (free, w);
-                }
-                largest[k] = largest[k].max(self.workers[w].total.get(d));
-            }
-        }
-        Summary {
-            eligible,
-            best,
-            largest,
-        }
-    }
-
-    /// Why no worker of constraint set `cs` can take `req` at the end of placement.
-    fn diagnose(&self, cs: usize, summary: &Summary, req: &Resources) -> String {
-        if !self.any_healthy {
-            return "Waiting for workers: no healthy worker is registered".to_string();
-        }
-        if summary.eligible.is_empty() {
-            return self.constraint_reason(cs);
-        }
-        let scope = if self.csets[cs].hard.is_empty() {
-            "healthy worker"
-        } else {
-            "healthy worker matching its constraints"
-        };
-        let mut short = Vec::new();
-        for (k, d) in Dim::CHECKED.into_iter().enumerate() {
-            let need = req.get(d);
-            let (have, w) = summary.best[k];
-            if need <= 0 || have >= need {
-                continue;
-            }
-            let largest = summary.largest[k];
-            let detail = if largest <= 0 {
-                format!("none has any {}", d.name())
-            } else if largest < need {
-                format!("largest has {} in total", d.amount(largest))
-            } else {
-                format!(
-                    "best: {} {} free",
-                    self.workers[w].id,
-                    d.amount(have.max(0))
-                )
-            };
-            short.push(format!(
-                "no {scope} has {} {} free ({detail})",
-                d.amount(need),
-                d.name()
-            ));
-        }
-        if !short.is_empty() {
-            return format!("Waiting for resources: {}", short.join("; "));
-        }
-        let (mut fitting, mut backpressured, mut cycle_limited) = (0, 0, 0);
-        for &w in &summary.eligible {
-            if req.fits_in(&self.cap.free[w]) {
-                fitting += 1;
-                if self.cap.building[w] >= self.cap.max_building {
-                    backpressured += 1;
-                } else if self.cap.assigned_now[w] >= self.cap.max_assign {
-                    cycle_limited += 1;
-                }
-            }
-        }
-        if fitting == 0 {
-            return format!(
-                "Waiting for resources: no single {scope} has {req} free at the same time"
-            );
-        }
-        let mut parts = Vec::new();
-        if backpressured > 0 {
-            parts.push(format!(
-                "{backpressured} worker(s) with room already have {} tasks assigned or building",
-                self.cap.max_building
-            ));
-        }
-        if cycle_limited > 0 {
-            parts.push(format!(
-                "{cycle_limited} worker(s) with room reached the limit of {} new assignments per cycle",
-                self.cap.max_assign
-            ));
-        }
-        if parts.is_empty() {
-            return "Deferred to the next cycle".to_string();
-        }
-        format!("Waiting for worker capacity: {}", parts.join("; "))
-    }
-
-    /// Which hard constraint rules out every healthy worker.
-    pub(crate) fn constraint_reason(&self, cs: usize) -> String {
-        let healthy: Vec<&Worker> = self.workers.iter().copied().filter(|w| w.healthy).collect();
-        if healthy.is_empty() {
-            return "Waiting for workers: no healthy worker is registered".to_string();
-        }
-        let hard = &self.csets[cs].hard;
-        for c in hard {
-            if !healthy.iter().any(|w| satisfied(c, &w.attributes)) {
-                return format!("No worker matches constraint {c}");
-            }
-        }
-        let all: Vec<String> = hard.iter().map(|c| c.to_string()).collect();
-        format!(
-            "No worker matches all constraints together: {}",
-            all.join(" AND ")
-        )
     }
 
     /// Normalized device variant of running task `r`.

@@ -1,0 +1,130 @@
+//! The Task page: one task's state, attempts, resource usage and recent log lines.
+
+use super::layout::{badge, error_box, ms, Nav, Page};
+use super::logs::log_list;
+use crate::fmt;
+use crate::svg;
+use iris_proto::cluster::controller as c;
+use iris_proto::finelog_logging as fl;
+use iris_proto::inspect as pb;
+use maud::html;
+
+pub struct TaskView<'a> {
+    pub resp: &'a c::GetTaskStatusResponse,
+    pub spans: &'a [svg::Span],
+    /// `ListTaskEvents`, or why it could not be read (e.g. not the job's owner).
+    pub events: Result<&'a pb::ListTaskEventsResponse, &'a str>,
+    pub log_tail: &'a [fl::LogEntry],
+    pub now: i64,
+}
+
+pub fn task_page(v: &TaskView<'_>) -> Page {
+    let t = v.resp.task.clone().unwrap_or_default();
+    let st = fmt::task_state(t.state);
+    let terminal = iris_types::TaskState::from_code(t.state)
+        .map(|s| s.is_terminal())
+        .unwrap_or(false);
+    let job_id = t.task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
+    let head = html! {
+        nav.crumbs aria-label="Breadcrumb" {
+            a href="/jobs" { "Jobs" } " / " a href=(fmt::id_path("job", job_id)) { (job_id) }
+        }
+        h1 { "Task " span.id { (t.task_id) } }
+        p { a href=(fmt::id_path("logs", &t.task_id)) { "Full logs (tail, follow, filter)" } }
+    };
+    let uid_of = |id: i32| {
+        t.attempts
+            .iter()
+            .find(|a| a.attempt_id == id)
+            .map(|a| a.attempt_uid.clone())
+    };
+    let live = html! {
+        dl.facts {
+            dt { "State" } dd #task-state { (badge(st)) }
+            dt { "Worker" } dd { (if t.worker_id.is_empty() { "—" } else { &t.worker_id }) }
+            dt { "Current attempt" } dd { (t.current_attempt_id) }
+            @if terminal { dt { "Exit code" } dd { (t.exit_code) } }
+            dt { "Duration" } dd { (fmt::span(ms(&t.started_at), ms(&t.finished_at), v.now)) }
+            @if !t.error.is_empty() { dt { "Error" } dd.reason { (t.error) } }
+            @if !t.pending_reason.is_empty() { dt { "Pending reason" } dd.reason { (t.pending_reason) } }
+        }
+        @if !v.resp.root_cause_highlights.is_empty() {
+            section aria-labelledby="rc-h" {
+                h2 #rc-h { "Likely cause" }
+                pre.logs { @for l in &v.resp.root_cause_highlights { (l) "\n" } }
+            }
+        }
+        section aria-labelledby="att-h" {
+            h2 #att-h { "Attempts (" (t.attempts.len()) ")" }
+            @if !v.spans.is_empty() {
+                figure {
+                    (svg::timeline(&[svg::Row { label: "attempts".into(), spans: v.spans.to_vec() }], v.now))
+                    figcaption { "Attempts over time (hover a bar for details)." }
+                }
+            }
+            div.tablewrap { table {
+                thead { tr {
+                    th scope="col" .num { "Attempt" } th scope="col" { "Uid" } th scope="col" { "Worker" } th scope="col" { "State" }
+                    th scope="col" .num { "Exit" } th scope="col" { "Started" } th scope="col" .num { "Duration" } th scope="col" { "Error" }
+                } }
+                tbody {
+                    @for a in &t.attempts {
+                        @let ast = fmt::task_state(a.state);
+                        @let ended = ms(&a.finished_at).is_some();
+                        tr {
+                            td.num { (a.attempt_id) }
+                            td { code { (uid_of(a.attempt_id).unwrap_or_default()) } }
+                            td { (a.worker_id) }
+                            td { (badge(ast)) }
+                            td.num { @if ended { (a.exit_code) } @else { "—" } }
+                            td { (fmt::ts(ms(&a.started_at))) }
+                            td.num { (fmt::span(ms(&a.started_at), ms(&a.finished_at), v.now)) }
+                            td.reason { (a.error) }
+                        }
+                    }
+                }
+            } }
+        }
+        section aria-labelledby="ev-h" {
+            h2 #ev-h { "Events" }
+            @match v.events {
+                Err(e) => (error_box("Cannot read task events:", e)),
+                Ok(ev) => {
+                    @if ev.omitted > 0 { p.muted { (ev.omitted) " earlier event(s) not shown; the latest " (ev.events.len()) " follow." } }
+                    div.tablewrap { table {
+                        thead { tr {
+                            th scope="col" { "Time" } th scope="col" .num { "Attempt" } th scope="col" { "Type" }
+                            th scope="col" { "Reason" } th scope="col" { "Message" } th scope="col" { "Source" }
+                        } }
+                        tbody {
+                            @for e in &ev.events {
+                                tr {
+                                    td { (fmt::ts(Some(e.ts_ms))) }
+                                    td.num { @if let Some(a) = e.attempt_id { (a) } }
+                                    td { (e.r#type) }
+                                    td { (e.reason) }
+                                    td.reason { (e.message) }
+                                    td { (e.source) }
+                                }
+                            }
+                        }
+                    } }
+                }
+            }
+        }
+        section aria-labelledby="log-h" {
+            h2 #log-h { "Last log lines" }
+            @if v.log_tail.is_empty() { p.muted { "No log lines yet." } }
+            @else { (log_list(v.log_tail, false)) }
+            p { a href=(fmt::id_path("logs", &t.task_id)) { "All logs →" } }
+        }
+    };
+    Page {
+        title: format!("Task {}", t.task_id),
+        nav: Nav::Jobs,
+        head,
+        live,
+        done: terminal,
+        refresh: true,
+    }
+}
