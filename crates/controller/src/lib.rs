@@ -19,6 +19,8 @@ mod limits;
 mod reconcile;
 mod rpc;
 pub mod spec;
+#[cfg(test)]
+mod testutil;
 mod tick;
 mod views;
 

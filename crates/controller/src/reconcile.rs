@@ -14,8 +14,9 @@ use iris_store::{apply, Read};
 use iris_types::{AttrValue, TaskId, TaskState};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// A worker's registration in store terms: capacity from its metadata, and the attributes it
 /// advertises plus the ones every worker has (`device-type`, `device-variant`, `preemptible`,
@@ -423,3 +424,7 @@ fn apply_observations(
     }
     changed
 }
+
+#[cfg(test)]
+#[path = "reconcile_tests.rs"]
+mod tests;

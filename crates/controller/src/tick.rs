@@ -198,3 +198,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     *lock(&ctl.pending_reasons) = plan.pending_reasons.into_iter().collect();
     Ok(touched)
 }
+
+#[cfg(test)]
+#[path = "tick_tests.rs"]
+mod tests;

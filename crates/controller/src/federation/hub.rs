@@ -405,3 +405,7 @@ pub(crate) fn tick_pass(ctl: &Controller) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "hub_tests.rs"]
+mod tests;

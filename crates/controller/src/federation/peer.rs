@@ -140,3 +140,7 @@ impl Controller {
         })
     }
 }
+
+#[cfg(test)]
+#[path = "peer_tests.rs"]
+mod tests;

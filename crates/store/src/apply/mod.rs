@@ -30,3 +30,6 @@ pub(crate) fn note_illegal(kind: &str, id: &str, what: &str) {
     ILLEGAL.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(kind, id, what, "illegal transition dropped");
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,173 @@
+//! The hub's placement pass with peer heartbeats injected into the in-memory federation state.
+
+use super::*;
+use crate::federation::{FederationConfig, PeerConfig};
+use crate::testutil::{controller_with, insert_job_at, job_row, request, TestCtl};
+use iris_types::JobState;
+
+fn hub() -> TestCtl {
+    controller_with(|c| {
+        c.federation = FederationConfig {
+            cluster_name: "hub".into(),
+            // Never dialled: the pass only reads heartbeats and writes the store.
+            peers: vec![
+                PeerConfig {
+                    id: "east".into(),
+                    address: "http://127.0.0.1:1".into(),
+                },
+                PeerConfig {
+                    id: "west".into(),
+                    address: "http://127.0.0.1:2".into(),
+                },
+            ],
+            ..FederationConfig::default()
+        };
+    })
+}
+
+/// A heartbeat: one backend advertising H100 GPUs with `free` of them idle.
+fn heartbeat(ctl: &Controller, peer: &str, free: i64) {
+    let backend = c::BackendSummary {
+        backend_id: "k8s".into(),
+        advertised_attributes: [("device-type", "gpu"), ("device-variant", "h100")]
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    iris_proto::cluster::StringList {
+                        values: vec![v.into()],
+                    },
+                )
+            })
+            .collect(),
+        availability: Some(c::ResourceAvailability {
+            version: fed::AVAILABILITY_VERSION,
+            observation_epoch_ms: 1_000 + free,
+            amounts: [("h100".to_string(), free)].into_iter().collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    lock(&ctl.fed.peers).insert(
+        peer.into(),
+        PeerRuntime {
+            reachable: true,
+            refused: None,
+            last_contact_ms: iris_store::now_ms(),
+            backends: vec![backend],
+        },
+    );
+}
+
+/// A root job needing one H100, queued (unpinned) for the federation as admission would.
+fn queue_gpu_job(ctl: &Controller, name: &str, submitted_at: i64, deadline_ms: Option<i64>) {
+    let mut req = request(name, 1, 1000);
+    if let Some(r) = req.resources.as_mut() {
+        r.device = Some(job::DeviceConfig {
+            device: Some(job::device_config::Device::Gpu(job::GpuDevice {
+                variant: "H100".into(),
+                count: 1,
+            })),
+        });
+    }
+    for (k, v) in [("device-type", "gpu"), ("device-variant", "h100")] {
+        req.constraints.push(job::Constraint {
+            key: k.into(),
+            op: 0,
+            value: Some(crate::spec::attr_to_proto(&iris_types::AttrValue::Str(
+                v.into(),
+            ))),
+            values: Vec::new(),
+            mode: 0,
+        });
+    }
+    req.scheduling_timeout =
+        deadline_ms.map(|milliseconds| iris_proto::time::Duration { milliseconds });
+    insert_job_at(ctl, &req, submitted_at, Some(""));
+}
+
+fn handle(ctl: &Controller, job_id: &str) -> sf::Handle {
+    sf::handle(&*ctl.db(), job_id)
+        .expect("read handle")
+        .expect("handle exists")
+}
+
+#[test]
+fn a_queued_job_is_promoted_to_the_peer_that_reports_capacity() {
+    let ctl = hub();
+    queue_gpu_job(&ctl, "/alice/train", iris_store::now_ms(), None);
+
+    // Both peers can run H100 jobs but neither has one free: the job waits.
+    heartbeat(&ctl, "east", 0);
+    heartbeat(&ctl, "west", 0);
+    tick_pass(&ctl).expect("pass");
+    let h = handle(&ctl, "/alice/train");
+    assert_eq!(h.handoff_state, sf::QUEUED);
+    assert_eq!(h.peer_id, "");
+
+    heartbeat(&ctl, "west", 4);
+    tick_pass(&ctl).expect("pass");
+    let h = handle(&ctl, "/alice/train");
+    assert_eq!(h.handoff_state, sf::PENDING, "promoted, awaiting delivery");
+    assert_eq!(h.peer_id, "west");
+    assert_eq!(h.backend_id, "k8s");
+    assert_eq!(
+        h.generation, 1_004,
+        "the heartbeat generation it was placed against"
+    );
+    assert_eq!(job_row(&ctl, "/alice/train").cluster, "west");
+    assert_eq!(
+        job_row(&ctl, "/alice/train").state,
+        JobState::Pending.code()
+    );
+
+    // Promoted once: a later pass leaves it where it is.
+    heartbeat(&ctl, "east", 8);
+    tick_pass(&ctl).expect("pass");
+    assert_eq!(handle(&ctl, "/alice/train").peer_id, "west");
+}
+
+#[test]
+fn a_queued_job_past_its_deadline_expires_unschedulable_instead_of_being_promoted() {
+    let ctl = hub();
+    heartbeat(&ctl, "west", 8);
+    let long_ago = iris_store::now_ms() - 60_000;
+    queue_gpu_job(&ctl, "/alice/late", long_ago, Some(1_000));
+    queue_gpu_job(&ctl, "/alice/on-time", long_ago, Some(3_600_000));
+
+    tick_pass(&ctl).expect("pass");
+    let j = job_row(&ctl, "/alice/late");
+    assert_eq!(j.state, JobState::Unschedulable.code());
+    assert!(j.error.unwrap_or_default().contains("Scheduling timeout"));
+    assert_eq!(handle(&ctl, "/alice/late").handoff_state, sf::QUEUED);
+    assert_eq!(handle(&ctl, "/alice/late").peer_id, "");
+    assert_eq!(handle(&ctl, "/alice/on-time").peer_id, "west");
+}
+
+#[test]
+fn a_cancelled_queued_job_is_never_promoted() {
+    let ctl = hub();
+    heartbeat(&ctl, "west", 8);
+    queue_gpu_job(&ctl, "/alice/changed-mind", iris_store::now_ms(), None);
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        let before = sf::cancel_sent(&tx, "/alice/changed-mind", iris_store::now_ms())
+            .expect("cancel")
+            .expect("a sent handle");
+        assert_eq!(before.handoff_state, sf::QUEUED);
+        tx.commit().expect("commit");
+    }
+    let j = job_row(&ctl, "/alice/changed-mind");
+    assert_eq!(j.state, JobState::Killed.code());
+    assert_eq!(j.error.as_deref(), Some("Cancelled before handoff"));
+
+    tick_pass(&ctl).expect("pass");
+    let h = handle(&ctl, "/alice/changed-mind");
+    assert_eq!(h.handoff_state, sf::QUEUED);
+    assert_eq!(h.peer_id, "");
+    assert_eq!(h.cancel_intent_version, 1);
+    assert!(sf::deliveries(&*ctl.db(), "west", 10)
+        .expect("deliveries")
+        .is_empty());
+}

@@ -1,0 +1,377 @@
+//! Reconcile: a worker's registration, its desired set, applying its answer, and the
+//! worker-loss rule (≥3 failed reconciles and `worker_grace` without an answer) on a paused
+//! clock against an address that refuses connections.
+
+use super::*;
+use crate::testutil::{
+    controller, controller_with, launch, register, register_at, request, task, task_state, GIB,
+};
+use crate::tick::tick;
+use iris_store::workers;
+use iris_types::{JobEvent, TaskEvent};
+
+fn gpu_worker() -> (c::RegisterRequest, job::WorkerMetadata) {
+    let req = c::RegisterRequest {
+        worker_id: "gpu-1".into(),
+        address: "10.0.0.5:8081".into(),
+        slice_id: "slice-a".into(),
+        scale_group: "h100-pool".into(),
+        metadata: None,
+    };
+    let md = job::WorkerMetadata {
+        hostname: "node-5".into(),
+        ip_address: "10.0.0.5".into(),
+        cpu_count: 32,
+        memory_bytes: 256 * GIB,
+        disk_bytes: 1024 * GIB,
+        device: Some(job::DeviceConfig {
+            device: Some(job::device_config::Device::Gpu(job::GpuDevice {
+                variant: "H100".into(),
+                count: 8,
+            })),
+        }),
+        attributes: [
+            (
+                "zone".to_string(),
+                crate::spec::attr_to_proto(&AttrValue::Str("us-east1-b".into())),
+            ),
+            (
+                "preemptible".to_string(),
+                crate::spec::attr_to_proto(&AttrValue::Str("true".into())),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    (req, md)
+}
+
+fn attr<'a>(r: &'a workers::Registration, key: &str) -> Option<&'a AttrValue> {
+    r.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+fn s(v: &str) -> AttrValue {
+    AttrValue::Str(v.into())
+}
+
+#[test]
+fn registration_of_a_gpu_worker_derives_capacity_and_default_attributes() {
+    let (req, md) = gpu_worker();
+    let r = registration_of(&req, &md);
+    assert_eq!(r.worker_id, "gpu-1");
+    assert_eq!(r.address, "10.0.0.5:8081");
+    assert_eq!(r.total.cpu_millicores, 32_000);
+    assert_eq!(r.total.memory_bytes, 256 * GIB);
+    assert_eq!(r.total.gpu, 8);
+    assert_eq!(r.total.tpu, 0);
+    assert_eq!(r.device_type, "gpu");
+    assert_eq!(r.device_variant, "H100");
+    assert_eq!(r.scale_group, "h100-pool");
+    assert_eq!(attr(&r, "device-type"), Some(&s("gpu")));
+    assert_eq!(attr(&r, "device-variant"), Some(&s("h100")), "lower-cased");
+    assert_eq!(attr(&r, "scale-group"), Some(&s("h100-pool")));
+    assert_eq!(attr(&r, "zone"), Some(&s("us-east1-b")));
+    assert_eq!(
+        attr(&r, "preemptible"),
+        Some(&s("true")),
+        "an advertised attribute wins over the default"
+    );
+    let n = r
+        .attributes
+        .iter()
+        .filter(|(k, _)| k == "preemptible")
+        .count();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn registration_of_a_cpu_worker_is_variant_cpu_without_a_scale_group() {
+    let req = c::RegisterRequest {
+        worker_id: "cpu-1".into(),
+        address: "127.0.0.1:1".into(),
+        ..Default::default()
+    };
+    let md = job::WorkerMetadata {
+        cpu_count: 4,
+        memory_bytes: 8 * GIB,
+        ..Default::default()
+    };
+    let r = registration_of(&req, &md);
+    assert_eq!(r.total.cpu_millicores, 4000);
+    assert_eq!((r.total.gpu, r.total.tpu), (0, 0));
+    assert_eq!(r.device_type, "cpu");
+    assert_eq!(r.device_variant, "cpu");
+    assert_eq!(attr(&r, "device-type"), Some(&s("cpu")));
+    assert_eq!(attr(&r, "device-variant"), Some(&s("cpu")));
+    assert_eq!(attr(&r, "preemptible"), Some(&s("false")));
+    assert_eq!(attr(&r, "scale-group"), None);
+}
+
+fn desired(ctl: &crate::Controller, worker: &str) -> Vec<DesiredAttempt> {
+    let conn = ctl.db();
+    desired_set(ctl, &*conn, worker).expect("desired set")
+}
+
+fn intent_of<'a>(set: &'a [DesiredAttempt], task: &str) -> Option<&'a Intent> {
+    set.iter()
+        .find(|d| d.task_id.to_string() == task)
+        .map(|d| &d.intent)
+}
+
+fn observe(ctl: &crate::Controller, worker: &str, uid: &str, state: TaskState) -> bool {
+    let o = w::AttemptObservation {
+        attempt_uid: uid.into(),
+        state: state.code(),
+        exit_code: if state.is_terminal() { 137 } else { 0 },
+        ..Default::default()
+    };
+    apply_response(
+        ctl,
+        worker,
+        w::ReconcileResponse {
+            observed: vec![o],
+            ..Default::default()
+        },
+    )
+}
+
+fn uid(ctl: &crate::Controller, t: &str) -> String {
+    task(ctl, t)
+        .attempts
+        .last()
+        .expect("an attempt")
+        .attempt_uid
+        .clone()
+}
+
+#[tokio::test]
+async fn the_desired_set_launches_new_attempts_keeps_running_ones_and_stops_ended_ones() {
+    let ctl = controller();
+    register(&ctl, "w1", 8, 32 * GIB);
+    launch(&ctl, request("/alice/run", 2, 1000)).await;
+    launch(&ctl, request("/alice/cancel", 1, 1000)).await;
+    tick(&ctl).expect("tick");
+    assert!(observe(
+        &ctl,
+        "w1",
+        &uid(&ctl, "/alice/run/1"),
+        TaskState::Running
+    ));
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        let now = iris_store::now_ms();
+        let kill = JobEvent::Kill {
+            reason: "Terminated by user".into(),
+        };
+        assert!(apply::apply_job_event(&tx, "/alice/cancel", &kill, now).expect("kill"));
+        tx.commit().expect("commit");
+    }
+
+    let set = desired(&ctl, "w1");
+    assert_eq!(set.len(), 3);
+    match intent_of(&set, "/alice/run/0") {
+        Some(Intent::Run { launch: Some(l) }) => {
+            assert_eq!(l.task_id, "/alice/run/0");
+            assert_eq!(l.attempt_uid, uid(&ctl, "/alice/run/0"));
+            assert_eq!(l.attempt_id, 0);
+            assert_eq!(l.num_tasks, 2);
+            let argv = l
+                .entrypoint
+                .as_ref()
+                .and_then(|e| e.run_command.as_ref())
+                .map(|r| r.argv.clone());
+            assert_eq!(argv, Some(vec!["python".into(), "train.py".into()]));
+        }
+        other => panic!("a new attempt is launched with its spec, got {other:?}"),
+    }
+    assert_eq!(
+        intent_of(&set, "/alice/run/1"),
+        Some(&Intent::Run { launch: None }),
+        "a running attempt is kept without resending its spec"
+    );
+    assert_eq!(
+        intent_of(&set, "/alice/cancel/0"),
+        Some(&Intent::Stop(StopReason::Cancelled))
+    );
+    assert!(desired(&ctl, "w2").is_empty());
+
+    // The worker confirms the cancelled attempt ended: it leaves the set.
+    assert!(observe(
+        &ctl,
+        "w1",
+        &uid(&ctl, "/alice/cancel/0"),
+        TaskState::Killed
+    ));
+    assert_eq!(intent_of(&desired(&ctl, "w1"), "/alice/cancel/0"), None);
+}
+
+#[tokio::test]
+async fn a_preempted_victim_withholds_new_launches_on_its_worker_until_it_ends() {
+    let ctl = controller();
+    register(&ctl, "w1", 8, 32 * GIB);
+    launch(&ctl, request("/alice/victim", 1, 1000)).await;
+    launch(&ctl, request("/bob/next", 1, 1000)).await;
+    tick(&ctl).expect("tick");
+    let victim = uid(&ctl, "/alice/victim/0");
+    assert!(observe(&ctl, "w1", &victim, TaskState::Running));
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        let ev = TaskEvent::Preempt {
+            by: "/bob/next/0".into(),
+        };
+        let now = iris_store::now_ms();
+        apply::apply_task_event(
+            &tx,
+            "/alice/victim/0",
+            &ev,
+            None,
+            apply::Finish::AwaitWorker,
+            now,
+            "test",
+        )
+        .expect("preempt");
+        tx.commit().expect("commit");
+    }
+
+    let set = desired(&ctl, "w1");
+    assert_eq!(
+        intent_of(&set, "/alice/victim/0"),
+        Some(&Intent::Stop(StopReason::Preempted))
+    );
+    assert_eq!(
+        intent_of(&set, "/bob/next/0"),
+        None,
+        "withheld while the victim holds w1"
+    );
+
+    assert!(observe(&ctl, "w1", &victim, TaskState::Killed));
+    let set = desired(&ctl, "w1");
+    assert_eq!(intent_of(&set, "/alice/victim/0"), None);
+    assert!(matches!(
+        intent_of(&set, "/bob/next/0"),
+        Some(Intent::Run { launch: Some(_) })
+    ));
+}
+
+#[tokio::test]
+async fn apply_response_applies_the_workers_facts_only_for_its_own_attempts() {
+    let ctl = controller();
+    register(&ctl, "w1", 8, 32 * GIB);
+    register(&ctl, "w2", 8, 32 * GIB);
+    launch(&ctl, request("/alice/obs", 1, 1000)).await;
+    tick(&ctl).expect("tick");
+    let a = uid(&ctl, "/alice/obs/0");
+    let holder = task(&ctl, "/alice/obs/0").worker_id.expect("placed");
+    let other = if holder == "w1" { "w2" } else { "w1" };
+
+    assert!(
+        !observe(&ctl, other, &a, TaskState::Running),
+        "fenced by worker"
+    );
+    assert_eq!(task_state(&ctl, "/alice/obs/0"), TaskState::Assigned);
+    assert!(!apply_response(
+        &ctl,
+        &holder,
+        w::ReconcileResponse::default()
+    ));
+
+    assert!(observe(&ctl, &holder, &a, TaskState::Running));
+    assert_eq!(task_state(&ctl, "/alice/obs/0"), TaskState::Running);
+    assert_eq!(
+        task(&ctl, "/alice/obs/0").exit_code,
+        None,
+        "no exit code while running"
+    );
+    let done = w::AttemptObservation {
+        attempt_uid: a.clone(),
+        state: TaskState::Succeeded.code(),
+        exit_code: 0,
+        ..Default::default()
+    };
+    let resp = w::ReconcileResponse {
+        observed: vec![done],
+        ..Default::default()
+    };
+    assert!(apply_response(&ctl, &holder, resp));
+    let t = task(&ctl, "/alice/obs/0");
+    assert_eq!(t.state, TaskState::Succeeded.code());
+    assert_eq!(t.exit_code, Some(0));
+    assert!(t.attempts[0].finished_at_ms.is_some());
+}
+
+/// An address on 127.0.0.1 that refuses connections: a port the OS handed out, then closed.
+fn refusing_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let addr = l.local_addr().expect("local addr");
+    drop(l);
+    addr.to_string()
+}
+
+/// Runs the worker's reconcile loop until its row is gone; returns how long that took on the
+/// (paused) tokio clock. Bounded: panics after an hour of virtual time.
+async fn time_until_failed(ctl: &crate::Controller, worker: &str) -> Duration {
+    let start = tokio::time::Instant::now();
+    ensure_reconciler(ctl, worker);
+    let wait = async {
+        loop {
+            let gone = workers::address(&*ctl.db(), worker)
+                .expect("read worker")
+                .is_none();
+            if gone {
+                return start.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3600), wait)
+        .await
+        .expect("the unreachable worker is declared failed")
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_worker_is_failed_only_after_its_grace_and_its_work_requeued() {
+    let ctl = controller_with(|c| {
+        c.worker_grace = Duration::from_secs(120);
+        c.reconcile_interval = Duration::from_secs(1);
+    });
+    register_at(&ctl, "w1", &refusing_address(), 8, 32 * GIB);
+    launch(&ctl, request("/alice/stranded", 1, 1000)).await;
+    tick(&ctl).expect("tick");
+    assert_eq!(task_state(&ctl, "/alice/stranded/0"), TaskState::Assigned);
+
+    let took = time_until_failed(&ctl, "w1").await;
+    // Three failed rounds take a few seconds (at most ~11 s each with the call's timeout):
+    // only the grace can keep the worker this long.
+    assert!(
+        took >= Duration::from_secs(120),
+        "failed after {took:?}, inside the grace"
+    );
+    let t = task(&ctl, "/alice/stranded/0");
+    assert_eq!(
+        t.state,
+        TaskState::Pending.code(),
+        "re-queued for another worker"
+    );
+    assert_eq!(t.attempts[0].state, TaskState::WorkerFailed);
+    assert!(t.attempts[0].finished_at_ms.is_some());
+    assert!(
+        !crate::lock(&ctl.workers).contains_key("w1"),
+        "the loop's link is gone"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_is_failed_only_after_three_failed_reconciles_even_with_no_grace() {
+    let ctl = controller_with(|c| {
+        c.worker_grace = Duration::ZERO;
+        c.reconcile_interval = Duration::from_secs(60);
+    });
+    register_at(&ctl, "w1", &refusing_address(), 8, 32 * GIB);
+    let took = time_until_failed(&ctl, "w1").await;
+    // Rounds are at least one interval apart: three rounds take at least two intervals, while
+    // one or two would take under that (a failed call takes at most its 10 s timeout).
+    assert!(took >= Duration::from_secs(120), "failed after {took:?}");
+}

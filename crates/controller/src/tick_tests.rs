@@ -1,0 +1,152 @@
+//! The control tick against a real controller: placements, execution timeouts, scheduling
+//! deadlines and budget demotion.
+
+use super::tick;
+use crate::testutil::{
+    controller, insert_job_at, job_row, job_state, launch, register, request, task, task_state, GIB,
+};
+use iris_proto::time::Duration as PDuration;
+use iris_store::{apply, budgets, snapshot};
+use iris_types::{Band, JobState, TaskState};
+use std::collections::BTreeMap;
+
+fn bands(ctl: &crate::Controller) -> BTreeMap<String, i32> {
+    snapshot::holdings(&*ctl.db())
+        .expect("holdings")
+        .into_iter()
+        .map(|h| (h.task_id, h.band))
+        .collect()
+}
+
+#[tokio::test]
+async fn tick_places_what_fits_and_leaves_the_rest_pending_with_a_reason() {
+    let ctl = controller();
+    register(&ctl, "w1", 4, 16 * GIB);
+    launch(&ctl, request("/alice/small", 2, 1000)).await;
+    launch(&ctl, request("/alice/big", 1, 4000)).await;
+
+    let touched = tick(&ctl).expect("tick");
+    assert_eq!(touched.into_iter().collect::<Vec<_>>(), vec!["w1"]);
+    for t in ["/alice/small/0", "/alice/small/1"] {
+        let row = task(&ctl, t);
+        assert_eq!(row.state, TaskState::Assigned.code(), "{t}");
+        assert_eq!(row.worker_id.as_deref(), Some("w1"), "{t}");
+        assert_eq!(row.attempts.len(), 1, "{t}");
+        assert_eq!(row.attempts[0].attempt_uid.len(), 16, "{t}");
+    }
+    // 2 of 4 cores are taken: the 4-core task waits, and says why.
+    assert_eq!(task_state(&ctl, "/alice/big/0"), TaskState::Pending);
+    assert!(crate::lock(&ctl.pending_reasons).contains_key("/alice/big/0"));
+    assert_eq!(job_state(&ctl, "/alice/small"), JobState::Running);
+
+    // Nothing changed: the next tick places nothing and touches no worker.
+    assert!(tick(&ctl).expect("second tick").is_empty());
+    assert_eq!(task(&ctl, "/alice/small/0").attempts.len(), 1);
+}
+
+#[tokio::test]
+async fn a_task_past_its_execution_timeout_fails_its_job() {
+    let ctl = controller();
+    register(&ctl, "w1", 4, 16 * GIB);
+    let mut req = request("/alice/slow", 1, 1000);
+    req.timeout = Some(PDuration { milliseconds: 1000 });
+    launch(&ctl, req).await;
+    launch(&ctl, request("/alice/open-ended", 1, 1000)).await;
+    tick(&ctl).expect("placing tick");
+
+    // Both started a minute ago; only one has a 1 s execution timeout.
+    let started = iris_store::now_ms() - 60_000;
+    for (t, state) in [
+        ("/alice/slow/0", TaskState::Running),
+        ("/alice/open-ended/0", TaskState::Running),
+    ] {
+        let uid = task(&ctl, t).attempts[0].attempt_uid.clone();
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        let obs = apply::Observation {
+            attempt_uid: uid,
+            state,
+            exit_code: None,
+            error: String::new(),
+            status_message: String::new(),
+        };
+        assert!(apply::apply_observation(&tx, "w1", &obs, started).expect("observe"));
+        tx.commit().expect("commit");
+    }
+
+    let touched = tick(&ctl).expect("timeout tick");
+    assert!(touched.contains("w1"), "the worker must learn to stop it");
+    let t = task(&ctl, "/alice/slow/0");
+    assert_eq!(t.state, TaskState::Failed.code());
+    assert_eq!(t.error.as_deref(), Some("Execution timeout exceeded"));
+    assert_eq!(t.attempts[0].state, TaskState::Failed);
+    assert_eq!(
+        t.attempts[0].finished_at_ms, None,
+        "the attempt holds w1 until the worker confirms it stopped"
+    );
+    assert_eq!(job_state(&ctl, "/alice/slow"), JobState::Failed);
+    assert_eq!(task_state(&ctl, "/alice/open-ended/0"), TaskState::Running);
+}
+
+#[tokio::test]
+async fn a_pending_task_past_its_scheduling_deadline_becomes_unschedulable() {
+    let ctl = controller();
+    // No worker: nothing can be placed. One job has a 1 s scheduling timeout and was submitted
+    // a minute ago; the other has no deadline.
+    let long_ago = iris_store::now_ms() - 60_000;
+    let mut req = request("/alice/deadline", 2, 1000);
+    req.scheduling_timeout = Some(PDuration { milliseconds: 1000 });
+    insert_job_at(&ctl, &req, long_ago, None);
+    insert_job_at(&ctl, &request("/alice/patient", 1, 1000), long_ago, None);
+
+    tick(&ctl).expect("tick");
+    // The first task to time out makes the job UNSCHEDULABLE, which finalizes the rest.
+    for (t, state) in [
+        ("/alice/deadline/0", TaskState::Unschedulable),
+        ("/alice/deadline/1", TaskState::Killed),
+    ] {
+        let row = task(&ctl, t);
+        assert_eq!(row.state, state.code(), "{t}");
+        assert_eq!(
+            row.error.as_deref(),
+            Some("Scheduling timeout exceeded"),
+            "{t}"
+        );
+    }
+    let j = job_row(&ctl, "/alice/deadline");
+    assert_eq!(j.state, JobState::Unschedulable.code());
+    assert_eq!(j.error.as_deref(), Some("Scheduling timeout exceeded"));
+    assert_eq!(task_state(&ctl, "/alice/patient/0"), TaskState::Pending);
+}
+
+#[tokio::test]
+async fn an_over_budget_users_work_is_placed_as_batch() {
+    let ctl = controller();
+    register(&ctl, "w1", 32, 64 * GIB);
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        let b = budgets::Budget {
+            user_id: "alice".into(),
+            limit: 10,
+            max_band: Band::Interactive.code(),
+        };
+        budgets::set(&tx, &b, iris_store::now_ms()).expect("set budget");
+        tx.commit().expect("commit");
+    }
+    // 4 cores + 1 GiB is worth 21 > 10 once it holds a worker.
+    launch(&ctl, request("/alice/first", 1, 4000)).await;
+    tick(&ctl).expect("first tick");
+    assert_eq!(
+        bands(&ctl).get("/alice/first/0"),
+        Some(&Band::Interactive.code()),
+        "within budget when it was placed"
+    );
+
+    launch(&ctl, request("/alice/second", 1, 1000)).await;
+    launch(&ctl, request("/bob/third", 1, 1000)).await;
+    tick(&ctl).expect("second tick");
+    let b = bands(&ctl);
+    assert_eq!(b.get("/alice/second/0"), Some(&Band::Batch.code()));
+    assert_eq!(b.get("/bob/third/0"), Some(&Band::Interactive.code()));
+}

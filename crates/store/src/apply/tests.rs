@@ -1,0 +1,895 @@
+//! The state machine driven through the store: jobs from `insert_job`, workers from
+//! `workers::upsert`, events through the appliers, state read back through `views` and `jobs`.
+
+use super::*;
+use crate::{jobs, views, workers, Db, Tx};
+use iris_types::{JobEvent, JobState, TaskEvent, TaskState};
+
+const T0: i64 = 1_000_000;
+
+fn db() -> Db {
+    Db::open_in_memory().expect("in-memory db")
+}
+
+/// A root job of `tasks` tasks owned by alice, with no retries and no failure allowance.
+fn job(id: &str, tasks: u32) -> NewJob {
+    NewJob {
+        job_id: id.into(),
+        user_id: "alice".into(),
+        submitting_user: "alice".into(),
+        parent_job_id: None,
+        root_job_id: id.into(),
+        depth: 1,
+        num_tasks: tasks,
+        ..Default::default()
+    }
+}
+
+fn child(parent: &NewJob, name: &str, tasks: u32) -> NewJob {
+    let mut j = job(&format!("{}/{name}", parent.job_id), tasks);
+    j.parent_job_id = Some(parent.job_id.clone());
+    j.root_job_id = parent.root_job_id.clone();
+    j.depth = parent.depth + 1;
+    j
+}
+
+fn insert(tx: &Tx<'_>, j: &NewJob) {
+    insert_job(tx, j, T0).expect("insert job");
+}
+
+fn worker(tx: &Tx<'_>, id: &str) {
+    let r = workers::Registration {
+        worker_id: id.into(),
+        address: format!("127.0.0.1:{}", 9000 + id.len()),
+        ..Default::default()
+    };
+    workers::upsert(tx, &r, T0).expect("upsert worker");
+}
+
+fn assign(tx: &Tx<'_>, task: &str, worker: &str, uid: &str, now: i64) -> bool {
+    assign_task(tx, task, worker, "127.0.0.1:1", uid, 2, now).expect("assign")
+}
+
+fn report(
+    tx: &Tx<'_>,
+    worker: &str,
+    uid: &str,
+    state: TaskState,
+    exit_code: Option<i32>,
+    error: &str,
+    now: i64,
+) -> bool {
+    let obs = Observation {
+        attempt_uid: uid.into(),
+        state,
+        exit_code,
+        error: error.into(),
+        status_message: String::new(),
+    };
+    apply_observation(tx, worker, &obs, now).expect("observation")
+}
+
+fn event(tx: &Tx<'_>, task: &str, ev: TaskEvent, finish: Finish, now: i64) -> Option<TaskState> {
+    apply_task_event(tx, task, &ev, None, finish, now, "test").expect("task event")
+}
+
+fn task(tx: &Tx<'_>, id: &str) -> views::TaskRow {
+    views::task(tx, id)
+        .expect("read task")
+        .expect("task exists")
+}
+
+fn task_state(tx: &Tx<'_>, id: &str) -> TaskState {
+    jobs::task_state(tx, id)
+        .expect("read task state")
+        .expect("task exists")
+        .0
+}
+
+fn job_state(tx: &Tx<'_>, id: &str) -> JobState {
+    jobs::job_state_of(tx, id)
+        .expect("read job state")
+        .expect("job exists")
+}
+
+fn job_row(tx: &Tx<'_>, id: &str) -> views::JobRow {
+    views::job(tx, id).expect("read job").expect("job exists")
+}
+
+#[test]
+fn a_task_goes_assigned_building_running_succeeded_and_the_job_follows() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/j", 2));
+    assert_eq!(job_state(&tx, "/alice/j"), JobState::Pending);
+
+    assert!(assign(&tx, "/alice/j/0", "w1", "uid-0", T0 + 1));
+    let t = task(&tx, "/alice/j/0");
+    assert_eq!(t.state, TaskState::Assigned.code());
+    assert_eq!(t.worker_id.as_deref(), Some("w1"));
+    assert_eq!(t.current_attempt_id, 0);
+    assert_eq!(t.attempts.len(), 1);
+    assert_eq!(t.attempts[0].state, TaskState::Assigned);
+    assert_eq!(t.attempts[0].attempt_uid, "uid-0");
+    assert_eq!(t.attempts[0].started_at_ms, None);
+    assert_eq!(job_state(&tx, "/alice/j"), JobState::Running);
+    // A task that is not pending cannot be assigned again.
+    assert!(!assign(&tx, "/alice/j/0", "w1", "uid-x", T0 + 1));
+
+    assert!(report(
+        &tx,
+        "w1",
+        "uid-0",
+        TaskState::Building,
+        None,
+        "",
+        T0 + 2
+    ));
+    let t = task(&tx, "/alice/j/0");
+    assert_eq!(t.state, TaskState::Building.code());
+    assert_eq!(t.attempts[0].started_at_ms, Some(T0 + 2));
+
+    assert!(report(
+        &tx,
+        "w1",
+        "uid-0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 3
+    ));
+    assert_eq!(task_state(&tx, "/alice/j/0"), TaskState::Running);
+    // A repeated RUNNING is no change.
+    assert!(!report(
+        &tx,
+        "w1",
+        "uid-0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 4
+    ));
+
+    assert!(report(
+        &tx,
+        "w1",
+        "uid-0",
+        TaskState::Succeeded,
+        Some(0),
+        "",
+        T0 + 5
+    ));
+    let t = task(&tx, "/alice/j/0");
+    assert_eq!(t.state, TaskState::Succeeded.code());
+    assert_eq!(t.exit_code, Some(0));
+    assert_eq!(t.attempts[0].state, TaskState::Succeeded);
+    assert_eq!(t.attempts[0].finished_at_ms, Some(T0 + 5));
+    // One of two tasks done: the job still runs.
+    assert_eq!(job_state(&tx, "/alice/j"), JobState::Running);
+
+    assert!(assign(&tx, "/alice/j/1", "w1", "uid-1", T0 + 6));
+    assert!(report(
+        &tx,
+        "w1",
+        "uid-1",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 7
+    ));
+    assert!(report(
+        &tx,
+        "w1",
+        "uid-1",
+        TaskState::Succeeded,
+        Some(0),
+        "",
+        T0 + 8
+    ));
+    let j = job_row(&tx, "/alice/j");
+    assert_eq!(j.state, JobState::Succeeded.code());
+    assert_eq!(j.finished_at_ms, Some(T0 + 8));
+    assert_eq!(j.error, None);
+}
+
+#[test]
+fn a_failure_with_retries_left_requeues_and_the_next_assign_opens_a_new_attempt() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    worker(&tx, "w2");
+    let mut j = job("/alice/retry", 1);
+    j.cfg.max_retries_failure = 1;
+    j.cfg.max_task_failures = 5;
+    insert(&tx, &j);
+
+    assert!(assign(&tx, "/alice/retry/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Failed,
+        Some(3),
+        "exit 3: boom",
+        T0 + 3
+    ));
+    let t = task(&tx, "/alice/retry/0");
+    assert_eq!(t.state, TaskState::Pending.code(), "retried, not failed");
+    assert_eq!(t.worker_id, None, "a re-queued task holds no worker");
+    assert_eq!(t.attempts.len(), 1);
+    assert_eq!(t.attempts[0].state, TaskState::Failed);
+    assert_eq!(t.attempts[0].error.as_deref(), Some("exit 3: boom"));
+    assert_eq!(t.attempts[0].exit_code, Some(3));
+    assert_eq!(t.attempts[0].finished_at_ms, Some(T0 + 3));
+    assert!(!job_state(&tx, "/alice/retry").is_terminal());
+
+    assert!(assign(&tx, "/alice/retry/0", "w2", "a1", T0 + 4));
+    let t = task(&tx, "/alice/retry/0");
+    assert_eq!(t.current_attempt_id, 1);
+    assert_eq!(t.worker_id.as_deref(), Some("w2"));
+    assert_eq!(t.attempts.len(), 2);
+    assert_eq!(t.attempts[1].attempt_uid, "a1");
+    assert_eq!(t.attempts[1].state, TaskState::Assigned);
+    assert_eq!(
+        t.attempts[0].state,
+        TaskState::Failed,
+        "the old attempt is kept"
+    );
+
+    // The retry budget is spent: the second failure is final.
+    assert!(report(
+        &tx,
+        "w2",
+        "a1",
+        TaskState::Failed,
+        Some(1),
+        "again",
+        T0 + 5
+    ));
+    assert_eq!(task_state(&tx, "/alice/retry/0"), TaskState::Failed);
+    assert_eq!(job_state(&tx, "/alice/retry"), JobState::Failed);
+}
+
+#[test]
+fn a_failure_without_retries_fails_the_job_with_the_attempts_error() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    let mut j = job("/alice/once", 1);
+    j.cfg.max_task_failures = 5;
+    insert(&tx, &j);
+    assert!(assign(&tx, "/alice/once/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Failed,
+        Some(2),
+        "exit 2: no such file",
+        T0 + 3
+    ));
+
+    let t = task(&tx, "/alice/once/0");
+    assert_eq!(t.state, TaskState::Failed.code());
+    assert_eq!(t.error.as_deref(), Some("exit 2: no such file"));
+    assert_eq!(t.exit_code, Some(2));
+    let j = job_row(&tx, "/alice/once");
+    assert_eq!(j.state, JobState::Failed.code());
+    assert_eq!(j.error.as_deref(), Some("exit 2: no such file"));
+    assert_eq!(j.failure_count, 1);
+    assert_eq!(j.finished_at_ms, Some(T0 + 3));
+}
+
+#[test]
+fn failed_attempts_over_max_task_failures_fail_the_job_and_finalize_its_tasks() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    let mut j = job("/alice/flaky", 2);
+    j.cfg.max_retries_failure = 3;
+    j.cfg.max_task_failures = 0;
+    insert(&tx, &j);
+    assert!(assign(&tx, "/alice/flaky/0", "w1", "a0", T0 + 1));
+    assert!(assign(&tx, "/alice/flaky/1", "w1", "b0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Failed,
+        Some(1),
+        "oops",
+        T0 + 2
+    ));
+
+    let j = job_row(&tx, "/alice/flaky");
+    assert_eq!(j.state, JobState::Failed.code());
+    let err = j.error.unwrap_or_default();
+    assert!(
+        err.contains("max_task_failures") && err.contains("oops"),
+        "{err}"
+    );
+    // The retrying task and its assigned sibling are killed with the job.
+    assert_eq!(task_state(&tx, "/alice/flaky/0"), TaskState::Killed);
+    let sib = task(&tx, "/alice/flaky/1");
+    assert_eq!(sib.state, TaskState::Killed.code());
+    assert_eq!(sib.attempts[0].state, TaskState::Killed);
+    assert_eq!(
+        sib.attempts[0].finished_at_ms, None,
+        "a controller-decided end waits for the worker's confirmation"
+    );
+}
+
+#[test]
+fn fail_worker_sends_the_current_attempt_down_worker_failed_and_requeues() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    worker(&tx, "w2");
+    let mut j = job("/alice/lost", 2);
+    j.cfg.max_retries_preemption = 1;
+    insert(&tx, &j);
+    // Task 0 runs on w1.
+    assert!(assign(&tx, "/alice/lost/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    // Task 1's first attempt on w1 was preempted by the controller (w1 has not confirmed it
+    // ended) and the task was placed again on w2.
+    assert!(assign(&tx, "/alice/lost/1", "w1", "b0", T0 + 1));
+    let preempt = TaskEvent::Preempt {
+        by: "/bob/x/0".into(),
+    };
+    assert_eq!(
+        event(&tx, "/alice/lost/1", preempt, Finish::AwaitWorker, T0 + 3),
+        Some(TaskState::Pending)
+    );
+    assert_eq!(task(&tx, "/alice/lost/1").attempts[0].finished_at_ms, None);
+    assert!(assign(&tx, "/alice/lost/1", "w2", "b1", T0 + 4));
+
+    let mut affected = fail_worker(&tx, "w1", T0 + 10).expect("fail worker");
+    affected.sort();
+    assert_eq!(affected, vec!["/alice/lost/0", "/alice/lost/1"]);
+
+    let t0 = task(&tx, "/alice/lost/0");
+    assert_eq!(
+        t0.state,
+        TaskState::Pending.code(),
+        "re-queued within the preemption budget"
+    );
+    assert_eq!(t0.worker_id, None);
+    assert_eq!(t0.attempts[0].state, TaskState::WorkerFailed);
+    assert_eq!(t0.attempts[0].finished_at_ms, Some(T0 + 10));
+    assert_eq!(t0.error.as_deref(), Some("Worker failed"));
+
+    let t1 = task(&tx, "/alice/lost/1");
+    assert_eq!(
+        t1.attempts[0].state,
+        TaskState::Preempted,
+        "a superseded attempt keeps the end the controller decided"
+    );
+    assert_eq!(
+        t1.attempts[0].finished_at_ms,
+        Some(T0 + 10),
+        "but it no longer holds w1"
+    );
+    assert_eq!(
+        t1.state,
+        TaskState::Assigned.code(),
+        "its current attempt on w2 is untouched"
+    );
+    assert_eq!(t1.attempts[1].state, TaskState::Assigned);
+    assert_eq!(t1.attempts[1].finished_at_ms, None);
+    assert_eq!(t1.worker_id.as_deref(), Some("w2"));
+
+    assert_eq!(workers::ids(&tx).expect("ids"), vec!["w2"]);
+    // The re-queued task runs again on a new attempt.
+    assert!(assign(&tx, "/alice/lost/0", "w2", "a1", T0 + 11));
+    assert_eq!(task(&tx, "/alice/lost/0").current_attempt_id, 1);
+}
+
+#[test]
+fn fail_worker_past_the_preemption_budget_ends_the_task_worker_failed() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/fragile", 1));
+    assert!(assign(&tx, "/alice/fragile/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    fail_worker(&tx, "w1", T0 + 3).expect("fail worker");
+    assert_eq!(task_state(&tx, "/alice/fragile/0"), TaskState::WorkerFailed);
+    assert_eq!(job_state(&tx, "/alice/fragile"), JobState::WorkerFailed);
+}
+
+#[test]
+fn reports_are_fenced_by_worker_and_attempt() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    worker(&tx, "w2");
+    insert(&tx, &job("/alice/fence", 1));
+    assert!(assign(&tx, "/alice/fence/0", "w1", "a0", T0 + 1));
+
+    // From the wrong worker: nothing changes.
+    assert!(!report(
+        &tx,
+        "w2",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    assert!(!report(
+        &tx,
+        "w2",
+        "a0",
+        TaskState::Failed,
+        Some(1),
+        "x",
+        T0 + 2
+    ));
+    let t = task(&tx, "/alice/fence/0");
+    assert_eq!(t.state, TaskState::Assigned.code());
+    assert_eq!(t.attempts[0].finished_at_ms, None);
+    // An unknown attempt: nothing changes.
+    assert!(!report(
+        &tx,
+        "w1",
+        "nope",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+
+    // The controller preempts a0 (w1 must still confirm) and places a new attempt on w2.
+    let preempt = TaskEvent::Preempt {
+        by: "/bob/x/0".into(),
+    };
+    event(&tx, "/alice/fence/0", preempt, Finish::AwaitWorker, T0 + 3);
+    assert!(assign(&tx, "/alice/fence/0", "w2", "a1", T0 + 4));
+
+    // A live report for the superseded attempt changes nothing.
+    assert!(!report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 5
+    ));
+    let t = task(&tx, "/alice/fence/0");
+    assert_eq!(t.state, TaskState::Assigned.code());
+    assert_eq!(t.attempts[0].state, TaskState::Preempted);
+    assert_eq!(t.attempts[0].finished_at_ms, None);
+
+    // Its terminal report only confirms it ended (releasing w1), once.
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Killed,
+        Some(137),
+        "",
+        T0 + 6
+    ));
+    let t = task(&tx, "/alice/fence/0");
+    assert_eq!(
+        t.attempts[0].state,
+        TaskState::Preempted,
+        "state is not rewritten"
+    );
+    assert_eq!(t.attempts[0].finished_at_ms, Some(T0 + 6));
+    assert_eq!(t.attempts[0].exit_code, Some(137));
+    assert_eq!(
+        t.state,
+        TaskState::Assigned.code(),
+        "the current attempt is untouched"
+    );
+    assert_eq!(t.attempts[1].state, TaskState::Assigned);
+    assert!(!report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Killed,
+        Some(137),
+        "",
+        T0 + 7
+    ));
+    assert_eq!(
+        task(&tx, "/alice/fence/0").attempts[0].finished_at_ms,
+        Some(T0 + 6)
+    );
+
+    // The current attempt still takes reports from its own worker.
+    assert!(report(
+        &tx,
+        "w2",
+        "a1",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 8
+    ));
+    assert_eq!(task_state(&tx, "/alice/fence/0"), TaskState::Running);
+}
+
+#[test]
+fn a_terminal_report_for_a_controller_decided_attempt_only_stamps_finished() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/slow", 1));
+    assert!(assign(&tx, "/alice/slow/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    let timeout = TaskEvent::ExecutionTimeout;
+    assert_eq!(
+        event(&tx, "/alice/slow/0", timeout, Finish::AwaitWorker, T0 + 3),
+        Some(TaskState::Failed)
+    );
+    assert_eq!(task(&tx, "/alice/slow/0").attempts[0].finished_at_ms, None);
+
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Killed,
+        Some(143),
+        "",
+        T0 + 4
+    ));
+    let t = task(&tx, "/alice/slow/0");
+    assert_eq!(t.state, TaskState::Failed.code());
+    assert_eq!(t.attempts[0].state, TaskState::Failed);
+    assert_eq!(t.attempts[0].finished_at_ms, Some(T0 + 4));
+    assert_eq!(t.error.as_deref(), Some("Execution timeout exceeded"));
+}
+
+#[test]
+fn a_gang_members_final_failure_fails_its_siblings() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    worker(&tx, "w2");
+    let mut j = job("/alice/gang", 3);
+    j.cfg.coscheduling_group_by = Some("slice".into());
+    insert(&tx, &j);
+    assert!(assign(&tx, "/alice/gang/0", "w1", "g0", T0 + 1));
+    assert!(assign(&tx, "/alice/gang/1", "w2", "g1", T0 + 1));
+    assert!(assign(&tx, "/alice/gang/2", "w2", "g2", T0 + 1));
+    for (w, uid) in [("w1", "g0"), ("w2", "g1"), ("w2", "g2")] {
+        assert!(report(&tx, w, uid, TaskState::Running, None, "", T0 + 2));
+    }
+    // Member 2 already finished: it is not dragged along.
+    assert!(report(
+        &tx,
+        "w2",
+        "g2",
+        TaskState::Succeeded,
+        Some(0),
+        "",
+        T0 + 3
+    ));
+
+    assert!(report(
+        &tx,
+        "w1",
+        "g0",
+        TaskState::Failed,
+        Some(1),
+        "rank 0 died",
+        T0 + 4
+    ));
+    assert_eq!(task_state(&tx, "/alice/gang/0"), TaskState::Failed);
+    let sib = task(&tx, "/alice/gang/1");
+    assert_eq!(sib.state, TaskState::CoschedFailed.code());
+    assert_eq!(sib.attempts[0].state, TaskState::CoschedFailed);
+    assert!(sib.error.unwrap_or_default().contains("/alice/gang/0"));
+    assert_eq!(task_state(&tx, "/alice/gang/2"), TaskState::Succeeded);
+    let j = job_row(&tx, "/alice/gang");
+    assert_eq!(j.state, JobState::Failed.code());
+    assert!(j.error.unwrap_or_default().contains("rank 0 died"));
+}
+
+#[test]
+fn a_gang_members_retry_requeues_its_siblings() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    worker(&tx, "w2");
+    let mut j = job("/alice/gang2", 2);
+    j.cfg.coscheduling_group_by = Some("slice".into());
+    j.cfg.max_retries_failure = 1;
+    j.cfg.max_task_failures = 5;
+    insert(&tx, &j);
+    assert!(assign(&tx, "/alice/gang2/0", "w1", "g0", T0 + 1));
+    assert!(assign(&tx, "/alice/gang2/1", "w2", "g1", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "g0",
+        TaskState::Failed,
+        Some(1),
+        "flake",
+        T0 + 2
+    ));
+
+    assert_eq!(task_state(&tx, "/alice/gang2/0"), TaskState::Pending);
+    let sib = task(&tx, "/alice/gang2/1");
+    assert_eq!(sib.state, TaskState::Pending.code());
+    assert_eq!(sib.attempts[0].state, TaskState::CoschedFailed);
+    assert!(!job_state(&tx, "/alice/gang2").is_terminal());
+}
+
+#[test]
+fn kill_subtree_kills_the_job_its_tasks_and_descendants_only() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    let root = job("/alice/p", 1);
+    let kid = child(&root, "c", 1);
+    let grandkid = child(&kid, "g", 1);
+    insert(&tx, &root);
+    insert(&tx, &kid);
+    insert(&tx, &grandkid);
+    // A job whose name merely starts with the same characters is not a descendant.
+    insert(&tx, &job("/alice/p2", 1));
+    assert!(assign(&tx, "/alice/p/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+
+    assert!(kill_subtree(
+        &tx,
+        "/alice/p",
+        "Terminated by user",
+        "Parent job terminated",
+        T0 + 3
+    )
+    .expect("kill"));
+    let p = job_row(&tx, "/alice/p");
+    assert_eq!(p.state, JobState::Killed.code());
+    assert_eq!(p.error.as_deref(), Some("Terminated by user"));
+    assert_eq!(p.finished_at_ms, Some(T0 + 3));
+    let t = task(&tx, "/alice/p/0");
+    assert_eq!(t.state, TaskState::Killed.code());
+    assert_eq!(t.attempts[0].state, TaskState::Killed);
+    assert_eq!(
+        t.attempts[0].finished_at_ms, None,
+        "w1 must still confirm the kill"
+    );
+    for id in ["/alice/p/c", "/alice/p/c/g"] {
+        let j = job_row(&tx, id);
+        assert_eq!(j.state, JobState::Killed.code(), "{id}");
+        assert_eq!(j.error.as_deref(), Some("Parent job terminated"), "{id}");
+        assert_eq!(
+            task_state(&tx, &format!("{id}/0")),
+            TaskState::Killed,
+            "{id}"
+        );
+    }
+    assert_eq!(job_state(&tx, "/alice/p2"), JobState::Pending);
+    assert_eq!(task_state(&tx, "/alice/p2/0"), TaskState::Pending);
+
+    assert!(!kill_subtree(&tx, "/alice/none", "x", "y", T0 + 4).expect("kill unknown"));
+}
+
+#[test]
+fn complete_job_succeeds_the_job_and_its_tasks_and_ends_its_children() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    let root = job("/alice/done", 2);
+    insert(&tx, &root);
+    insert(&tx, &child(&root, "helper", 1));
+    assert!(assign(&tx, "/alice/done/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+
+    assert!(complete_job(&tx, "/alice/done", T0 + 3).expect("complete"));
+    let j = job_row(&tx, "/alice/done");
+    assert_eq!(j.state, JobState::Succeeded.code());
+    assert_eq!(j.finished_at_ms, Some(T0 + 3));
+    let t0 = task(&tx, "/alice/done/0");
+    assert_eq!(t0.state, TaskState::Succeeded.code());
+    assert_eq!(t0.attempts[0].state, TaskState::Succeeded);
+    assert_eq!(t0.exit_code, Some(0));
+    assert_eq!(task_state(&tx, "/alice/done/1"), TaskState::Succeeded);
+    assert_eq!(job_state(&tx, "/alice/done/helper"), JobState::Killed);
+
+    assert!(!complete_job(&tx, "/alice/none", T0 + 4).expect("complete unknown"));
+}
+
+#[test]
+fn a_terminal_job_ignores_later_events() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/fin", 1));
+    assert!(assign(&tx, "/alice/fin/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Succeeded,
+        Some(0),
+        "",
+        T0 + 2
+    ));
+    assert_eq!(job_state(&tx, "/alice/fin"), JobState::Succeeded);
+
+    let kill = JobEvent::Kill {
+        reason: "late".into(),
+    };
+    assert!(!apply_job_event(&tx, "/alice/fin", &kill, T0 + 3).expect("kill"));
+    assert!(
+        !apply_job_event(&tx, "/alice/fin", &JobEvent::CancelledBeforeHandoff, T0 + 3)
+            .expect("cancel")
+    );
+    assert!(kill_subtree(&tx, "/alice/fin", "late", "late", T0 + 3).expect("kill subtree"));
+    let report_fail = TaskEvent::Report {
+        state: TaskState::Failed,
+        error: "late".into(),
+    };
+    assert_eq!(
+        event(&tx, "/alice/fin/0", report_fail, Finish::Now, T0 + 3),
+        None
+    );
+    assert!(!report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Failed,
+        Some(1),
+        "late",
+        T0 + 3
+    ));
+    assert!(!assign(&tx, "/alice/fin/0", "w1", "a1", T0 + 3));
+
+    let j = job_row(&tx, "/alice/fin");
+    assert_eq!(j.state, JobState::Succeeded.code());
+    assert_eq!(j.error, None);
+    assert_eq!(j.finished_at_ms, Some(T0 + 2));
+    let t = task(&tx, "/alice/fin/0");
+    assert_eq!(t.state, TaskState::Succeeded.code());
+    assert_eq!(t.attempts.len(), 1);
+}
+
+#[test]
+fn federation_verdicts_end_a_queued_job() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    for id in ["/alice/q1", "/alice/q2", "/alice/q3"] {
+        let mut j = job(id, 1);
+        j.federated = Some(String::new());
+        insert(&tx, &j);
+        assert!(
+            !jobs::has_tasks(&tx, id).expect("has tasks"),
+            "the peer runs its tasks"
+        );
+    }
+
+    assert!(
+        apply_job_event(&tx, "/alice/q1", &JobEvent::QueuedDeadlinePassed, T0 + 1)
+            .expect("deadline")
+    );
+    let j = job_row(&tx, "/alice/q1");
+    assert_eq!(j.state, JobState::Unschedulable.code());
+    assert!(j.error.unwrap_or_default().contains("Scheduling timeout"));
+    assert_eq!(j.finished_at_ms, Some(T0 + 1));
+
+    let rejected = JobEvent::HandoffRejected {
+        message: "quota exceeded on east".into(),
+    };
+    assert!(apply_job_event(&tx, "/alice/q2", &rejected, T0 + 2).expect("rejected"));
+    let j = job_row(&tx, "/alice/q2");
+    assert_eq!(j.state, JobState::Killed.code());
+    assert_eq!(j.error.as_deref(), Some("quota exceeded on east"));
+
+    assert!(
+        apply_job_event(&tx, "/alice/q3", &JobEvent::CancelledBeforeHandoff, T0 + 3)
+            .expect("cancel")
+    );
+    let j = job_row(&tx, "/alice/q3");
+    assert_eq!(j.state, JobState::Killed.code());
+    assert_eq!(j.error.as_deref(), Some("Cancelled before handoff"));
+
+    // A verdict arriving after another is dropped.
+    assert!(!apply_job_event(&tx, "/alice/q3", &rejected, T0 + 4).expect("late verdict"));
+    assert_eq!(
+        job_row(&tx, "/alice/q3").error.as_deref(),
+        Some("Cancelled before handoff")
+    );
+    assert!(!apply_job_event(&tx, "/alice/none", &rejected, T0 + 4).expect("unknown job"));
+}
+
+#[test]
+fn illegal_events_are_dropped_and_counted() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/ill", 1));
+    assert!(assign(&tx, "/alice/ill/0", "w1", "a0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "a0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    let before = illegal_transitions();
+
+    // A running job cannot expire as queued; a running task cannot miss its scheduling deadline.
+    assert!(
+        !apply_job_event(&tx, "/alice/ill", &JobEvent::QueuedDeadlinePassed, T0 + 3)
+            .expect("job event")
+    );
+    let sched = TaskEvent::SchedulingTimeout;
+    assert_eq!(event(&tx, "/alice/ill/0", sched, Finish::Now, T0 + 3), None);
+
+    assert!(
+        illegal_transitions() >= before + 2,
+        "both illegal events are counted"
+    );
+    assert_eq!(job_state(&tx, "/alice/ill"), JobState::Running);
+    let t = task(&tx, "/alice/ill/0");
+    assert_eq!(t.state, TaskState::Running.code());
+    assert_eq!(t.error, None);
+}
