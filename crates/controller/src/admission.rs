@@ -245,10 +245,7 @@ impl Controller {
     /// savepoint, so one refusal never affects another; all are acknowledged only after commit.
     pub(crate) fn admit_batch(&self, batch: Vec<crate::Admission>) {
         let mut conn = self.db();
-        let workers = match self.feasibility_workers(&*conn) {
-            Ok(w) => Ok(w),
-            Err(e) => Err(e),
-        };
+        let workers = self.feasibility_workers(&*conn);
         let prepared = match workers {
             Ok(w) => conn.begin().map(|tx| (w, tx)).map_err(Error::from),
             Err(e) => Err(e),

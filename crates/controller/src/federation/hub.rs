@@ -149,10 +149,8 @@ impl Controller {
                 let before = sf::cancel_sent(&tx, job_id, now)?
                     .ok_or_else(|| Error::not_found(format!("job {job_id} not found")))?;
                 tx.commit()?;
-                let target = (before.handoff_state == sf::PENDING
-                    || before.handoff_state == sf::HANDED_OFF)
-                    .then(|| before.peer_id.clone());
-                target
+                (before.handoff_state == sf::PENDING || before.handoff_state == sf::HANDED_OFF)
+                    .then(|| before.peer_id.clone())
             }
         };
         let Some(peer) = target.filter(|p| !p.is_empty()) else {

@@ -87,7 +87,7 @@ impl Controller {
             min_level,
         };
         let conn = lock(&self.logs);
-        let (lines, cursor) = iris_store::logs::fetch(&*conn, &q).map_err(|e| match e {
+        let (lines, cursor) = iris_store::logs::fetch(&conn, &q).map_err(|e| match e {
             iris_store::logs::FetchError::BadRegex(..) => Error::invalid(e.to_string()),
             other => Error::internal(other),
         })?;

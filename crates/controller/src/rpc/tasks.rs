@@ -56,7 +56,7 @@ impl Controller {
             min_level: 0,
         };
         let conn = lock(&self.logs);
-        match iris_store::logs::fetch(&*conn, &q) {
+        match iris_store::logs::fetch(&conn, &q) {
             Ok((lines, _)) => {
                 let data: Vec<String> = lines.into_iter().map(|l| l.data).collect();
                 crate::highlights::root_cause(&data)
