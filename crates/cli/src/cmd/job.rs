@@ -102,8 +102,9 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     check_system_reason(band, a.system_reason.as_deref())?;
     if !a.env.len().is_multiple_of(2) {
         bail!(
-            "-e/--env-vars takes KEY VALUE pairs: missing the value for {:?}",
-            a.env.last()
+            "-e/--env-vars takes KEY VALUE pairs: missing the value for '{}'; pass -e {} VALUE",
+            a.env.last().map(String::as_str).unwrap_or(""),
+            a.env.last().map(String::as_str).unwrap_or("KEY")
         );
     }
     let mut env_vars = std::collections::BTreeMap::new();
