@@ -356,14 +356,12 @@ fn apply_backend_extras(
         let res = (|| -> iris_store::Result<()> {
             let tx = conn.begin()?;
             for e in events {
-                let ev = iris_store::events::AttemptEvent {
-                    attempt_uid: e.attempt_uid.clone(),
-                    kind: e.kind.clone(),
-                    reason: e.reason.clone(),
-                    message: e.message.clone(),
-                    source: e.source.clone(),
-                };
-                iris_store::events::record_attempt_event(&tx, &ev, now)?;
+                iris_store::events::record_attempt_event(
+                    &tx,
+                    &e.attempt_uid,
+                    [&e.kind, &e.reason, &e.message, &e.source],
+                    now,
+                )?;
             }
             tx.commit()
         })();

@@ -25,23 +25,19 @@ pub(crate) fn insert_event(
     Ok(())
 }
 
-/// An event a backend observed about one attempt.
-#[derive(Clone, Debug, Default)]
-pub struct AttemptEvent {
-    pub attempt_uid: String,
-    pub kind: String,
-    pub reason: String,
-    pub message: String,
-    pub source: String,
-}
-
-/// Records a backend's event against the attempt it names; returns false (and records nothing)
-/// for an attempt this controller does not know.
-pub fn record_attempt_event(tx: &Tx<'_>, e: &AttemptEvent, now: i64) -> Result<bool> {
+/// Records an event a backend observed (`kind`, `reason`, `message`, `source`) against the
+/// attempt it names; returns false (and records nothing) for an attempt this controller does not
+/// know.
+pub fn record_attempt_event(
+    tx: &Tx<'_>,
+    attempt_uid: &str,
+    [kind, reason, message, source]: [&str; 4],
+    now: i64,
+) -> Result<bool> {
     let tx = tx.raw();
     let row: Option<(String, i64)> = tx
         .prepare_cached("SELECT task_id, attempt_id FROM task_attempts WHERE attempt_uid = ?1")?
-        .query_row([&e.attempt_uid], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row([attempt_uid], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let Some((task, attempt)) = row else {
         return Ok(false);
@@ -50,12 +46,12 @@ pub fn record_attempt_event(tx: &Tx<'_>, e: &AttemptEvent, now: i64) -> Result<b
         tx,
         &task,
         Some(attempt),
-        Some(&e.attempt_uid),
+        Some(attempt_uid),
         now,
-        &e.kind,
-        &e.reason,
-        &e.message,
-        &e.source,
+        kind,
+        reason,
+        message,
+        source,
     )?;
     Ok(true)
 }

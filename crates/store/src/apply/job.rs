@@ -162,15 +162,7 @@ pub(crate) fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<(
     }
     let applied = apply_job_raw(tx, job_id, &JobEvent::Recomputed { next, error }, now)?;
     if applied.is_some_and(|s| s.is_terminal()) && terminates_children(next, policy, num_tasks) {
-        for c in unfinished_children(tx, job_id)? {
-            kill_subtree_raw(
-                tx,
-                &c,
-                "Parent job terminated",
-                "Parent job terminated",
-                now,
-            )?;
-        }
+        kill_unfinished_children(tx, job_id, now)?;
     }
     Ok(())
 }
@@ -200,6 +192,15 @@ fn unfinished_children(tx: &Connection, job_id: &str) -> Result<Vec<String>> {
     let mut st = tx.prepare_cached(&UNFINISHED_CHILDREN)?;
     let rows = st.query_map([job_id], |r| r.get(0))?;
     Ok(rows.collect::<std::result::Result<_, _>>()?)
+}
+
+/// Kills the job's unfinished children with their subtrees ("Parent job terminated").
+fn kill_unfinished_children(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
+    for c in unfinished_children(tx, job_id)? {
+        let reason = "Parent job terminated";
+        kill_subtree_raw(tx, &c, reason, reason, now)?;
+    }
+    Ok(())
 }
 
 /// Kills a job and all its descendants (§2.7). Returns false if the job does not exist.
@@ -264,15 +265,7 @@ pub fn complete_job(tx: &Tx<'_>, job_id: &str, now: i64) -> Result<bool> {
         return Ok(false);
     }
     if apply_job_raw(tx, job_id, &JobEvent::Complete, now)?.is_some() {
-        for c in unfinished_children(tx, job_id)? {
-            kill_subtree_raw(
-                tx,
-                &c,
-                "Parent job terminated",
-                "Parent job terminated",
-                now,
-            )?;
-        }
+        kill_unfinished_children(tx, job_id, now)?;
     }
     Ok(true)
 }

@@ -93,6 +93,19 @@ pub enum Finish {
     AwaitWorker,
 }
 
+/// The step `event` takes the task through, or `None` when it does not apply; an illegal event
+/// is noted (logged and counted).
+fn step_of(task_id: &str, ctx: &TaskCtx, event: &TaskEvent) -> Option<Step> {
+    match transition(ctx, event) {
+        Ok(s) => Some(s),
+        Err(Rejected::NoChange) | Err(Rejected::Terminal(_)) => None,
+        Err(e @ Rejected::Illegal { .. }) => {
+            super::note_illegal("task", task_id, &e.to_string());
+            None
+        }
+    }
+}
+
 /// Applies one event to a task (no job recomputation); returns the step, or `None` if rejected.
 pub(crate) fn apply_raw(
     tx: &Connection,
@@ -106,13 +119,8 @@ pub(crate) fn apply_raw(
     let Some((row, ctx, uid)) = load_task(tx, task_id)? else {
         return Ok(None);
     };
-    let step = match transition(&ctx, event) {
-        Ok(s) => s,
-        Err(Rejected::NoChange) | Err(Rejected::Terminal(_)) => return Ok(None),
-        Err(e @ Rejected::Illegal { .. }) => {
-            super::note_illegal("task", task_id, &e.to_string());
-            return Ok(None);
-        }
+    let Some(step) = step_of(task_id, &ctx, event) else {
+        return Ok(None);
     };
     let terminal = step.task.is_terminal();
     tx.prepare_cached(
@@ -263,13 +271,8 @@ pub fn assign_task(
     let Some((row, ctx, _)) = load_task(tx, task_id)? else {
         return Ok(false);
     };
-    let step = match transition(&ctx, &TaskEvent::Assign) {
-        Ok(s) => s,
-        Err(e @ Rejected::Illegal { .. }) => {
-            super::note_illegal("task", task_id, &e.to_string());
-            return Ok(false);
-        }
-        Err(_) => return Ok(false),
+    let Some(step) = step_of(task_id, &ctx, &TaskEvent::Assign) else {
+        return Ok(false);
     };
     let (Some(attempt_state), true) = (step.attempt, step.new_attempt) else {
         super::note_illegal("task", task_id, "Assign produced no new attempt");
