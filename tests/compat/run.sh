@@ -14,7 +14,9 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 
 VENV="${IRIS_COMPAT_VENV:-$ROOT/.venv-compat}"
-if [[ ! -x "$VENV/bin/iris" ]]; then
+MARIN_IRIS_VERSION="0.2.227.dev40316220070"
+if [[ ! -x "$VENV/bin/iris" ]] ||
+    ! "$VENV/bin/pip" show marin-iris 2>/dev/null | grep -qx "Version: $MARIN_IRIS_VERSION"; then
     PY="${IRIS_COMPAT_PYTHON:-$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3}"
     if [[ ! -x "$PY" ]]; then
         PY="$(command -v python3.12 || true)"
@@ -22,10 +24,11 @@ if [[ ! -x "$VENV/bin/iris" ]]; then
     [[ -x "$PY" ]] || { echo "compat: no Python 3.12 found (set IRIS_COMPAT_PYTHON)" >&2; exit 2; }
     echo "compat: creating $VENV with $PY" >&2
     "$PY" -m venv "$VENV"
-    # `--pre` is needed for marin-iris's dev releases, but it also lets pip pick httpx's 1.0
-    # pre-releases, which dropped `httpx.Auth` and break `import iris.cli`; keep httpx < 1.
-    "$VENV/bin/pip" install -q --disable-pip-version-check --pre marin-iris \
-        "marin-finelog==0.2.71.dev40003900277" "httpx<1"
+    # Exact pins: the published package is the spec, so a new release changes what we test
+    # against only when someone bumps these on purpose. httpx's 1.0 pre-releases dropped
+    # `httpx.Auth` and break `import iris.cli`; keep httpx < 1.
+    "$VENV/bin/pip" install -q --disable-pip-version-check \
+        "marin-iris==$MARIN_IRIS_VERSION" "marin-finelog==0.2.71.dev40003900277" "httpx<1"
 fi
 
 cargo build -q -p iris-cli

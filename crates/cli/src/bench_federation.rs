@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use iris_controller::federation::{FederationConfig, PeerConfig};
 use iris_proto::cluster::controller as c;
-use iris_proto::{job, query};
+use iris_proto::{inspect, job};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -309,7 +309,7 @@ async fn throughput(
     })
 }
 
-/// Handoff states of the hub's sent jobs (`federated_jobs`).
+/// Handoff states of the hub's sent jobs (`ListHandoffs`).
 #[derive(Debug, PartialEq)]
 struct HandoffCounts {
     queued: i64,
@@ -321,32 +321,38 @@ struct HandoffCounts {
 }
 
 async fn handoff_counts(hub: &iris_rpc::Client) -> anyhow::Result<HandoffCounts> {
-    let sql = "SELECT sum(handoff_state = 3), sum(handoff_state = 0), sum(handoff_state = 1), \
-               sum(handoff_state = 2), max(CASE WHEN handoff_state = 1 THEN handed_off_at_ms END) \
-               FROM federated_jobs WHERE direction = 0";
-    let r: query::RawQueryResponse = hub
+    let r: inspect::ListHandoffsResponse = hub
         .call(
-            CONTROLLER,
-            "ExecuteRawQuery",
-            &query::RawQueryRequest { sql: sql.into() },
+            iris_proto::INSPECT_SERVICE,
+            "ListHandoffs",
+            &inspect::ListHandoffsRequest::default(),
             Duration::from_secs(15),
         )
         .await
-        .context("ExecuteRawQuery on the hub")?;
-    let row = r
-        .rows
-        .first()
-        .context("the handoff query returned no row")?;
-    let cells: Vec<serde_json::Value> = serde_json::from_str(row)
-        .with_context(|| format!("parsing the handoff query's row {row:?}"))?;
-    let cell = |i: usize| cells.get(i).and_then(|v| v.as_i64());
-    Ok(HandoffCounts {
-        queued: cell(0).unwrap_or(0),
-        pending: cell(1).unwrap_or(0),
-        handed_off: cell(2).unwrap_or(0),
-        rejected: cell(3).unwrap_or(0),
-        last_ack_ms: cell(4),
-    })
+        .context("ListHandoffs on the hub")?;
+    let mut c = HandoffCounts {
+        queued: 0,
+        pending: 0,
+        handed_off: 0,
+        rejected: 0,
+        last_ack_ms: None,
+    };
+    for h in r
+        .handoffs
+        .iter()
+        .filter(|h| h.direction() == inspect::HandoffDirection::Sent)
+    {
+        match h.state() {
+            inspect::HandoffState::Queued => c.queued += 1,
+            inspect::HandoffState::Pending => c.pending += 1,
+            inspect::HandoffState::Rejected => c.rejected += 1,
+            inspect::HandoffState::HandedOff => {
+                c.handed_off += 1;
+                c.last_ack_ms = c.last_ack_ms.max(h.handed_off_at_ms);
+            }
+        }
+    }
+    Ok(c)
 }
 
 /// Polls the hub's DB until `jobs` handoffs are acknowledged; returns the last one's time.

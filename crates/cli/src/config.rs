@@ -117,7 +117,7 @@ pub fn federation(
             anyhow::bail!("peers.{id}: a peer id must be non-empty, not `local` and not this cluster's own name");
         }
         let url = url::Url::parse(&p.controller_address).map_err(|e| {
-            anyhow::anyhow!("peers.{id}.controller_address: {:?} is not a URL ({e}); use e.g. http://10.0.0.5:10000", p.controller_address)
+            anyhow::anyhow!("peers.{id}.controller_address: '{}' is not a URL ({e}); use e.g. http://10.0.0.5:10000", p.controller_address)
         })?;
         if !matches!(url.scheme(), "http" | "https") {
             anyhow::bail!("peers.{id}.controller_address: use an http:// or https:// URL");

@@ -52,9 +52,10 @@ enum Cmd {
         #[arg(short = 'f', long, default_value = "table", value_parser = ["table", "csv", "json"])]
         format: String,
     },
-    /// Call any controller method with JSON in and JSON out.
+    /// Call any controller method with JSON in and JSON out (`controller`: the published
+    /// `ControllerService`; `inspect`: Iris's typed reads, `iris.inspect.InspectService`).
     Rpc {
-        #[arg(value_parser = ["controller"])]
+        #[arg(value_parser = ["controller", "inspect"])]
         target: String,
         /// Method name, e.g. list-workers or ListWorkers.
         method: String,
@@ -363,7 +364,11 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Task(t) => cmd::task::run(t, url).await,
         Cmd::Attempt(a) => cmd::attempt::run(a, url).await,
         Cmd::Query { sql, format } => cmd::query::run(sql, &format, url).await,
-        Cmd::Rpc { method, json, .. } => cmd::rpc::run(&method, json, url).await,
+        Cmd::Rpc {
+            target,
+            method,
+            json,
+        } => cmd::rpc::run(&target, &method, json, url).await,
         Cmd::User(u) => cmd::user::run(u, url).await,
     }
 }

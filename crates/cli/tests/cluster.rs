@@ -15,7 +15,7 @@ fn wait_go(then: &str) -> String {
 }
 
 fn touch(p: &std::path::Path) {
-    std::fs::write(p, "go").expect("create trigger file");
+    std::fs::write(p, "go").expect("write the trigger file");
 }
 
 fn is_hex16(s: &str) -> bool {
@@ -56,20 +56,13 @@ fn b01_run_no_wait_prints_only_the_job_id() {
     assert_eq!(o.ok(), "/u/hello\n", "stdout must be exactly the job id");
 
     // What the LaunchJob carried, as stored.
-    let rows = c.query(
-        "SELECT j.num_tasks, j.user_id, c.res_cpu_millicores, c.res_memory_bytes, c.res_disk_bytes, \
-         c.constraints_json, c.bundle_id FROM jobs j JOIN job_config c ON c.job_id = j.job_id \
-         WHERE j.job_id = '/u/hello'",
-    );
-    assert_eq!(rows.len(), 1, "{rows:?}");
-    let r = &rows[0];
-    assert_eq!(r["num_tasks"], 1);
-    assert_eq!(r["user_id"], "u");
-    assert_eq!(r["res_cpu_millicores"], 100);
-    assert_eq!(r["res_memory_bytes"], 1_073_741_824i64);
-    assert_eq!(r["res_disk_bytes"], 5_368_709_120i64);
-    let constraints: Value =
-        serde_json::from_str(r["constraints_json"].as_str().expect("constraints")).expect("json");
+    let r = c.job_request("/u/hello");
+    assert_eq!(r.replicas, 1);
+    let res = r.resources.clone().expect("resources");
+    assert_eq!(res.cpu_millicores, 100);
+    assert_eq!(res.memory_bytes, 1_073_741_824i64);
+    assert_eq!(res.disk_bytes, 5_368_709_120i64);
+    let constraints = serde_json::to_value(&r.constraints).expect("constraints JSON");
     let pre: Vec<&Value> = constraints
         .as_array()
         .expect("array")
@@ -90,10 +83,7 @@ fn b01_run_no_wait_prints_only_the_job_id() {
             .is_none_or(|m| m == 0 || m == "CONSTRAINT_MODE_REQUIRED"),
         "hard: {constraints}"
     );
-    assert!(
-        r["bundle_id"].as_str().is_some_and(|b| b.len() == 64),
-        "bundle stored: {r}"
-    );
+    assert!(r.bundle_id.len() == 64, "bundle stored: {r:?}");
 
     let s = c.wait_job("/u/hello", "succeeded");
     assert_eq!(s["tasks"][0]["task_id"], "/u/hello/0");
@@ -299,11 +289,11 @@ fn b05_launch_of_a_running_name_is_refused_then_replaces_once_terminal() {
     let new = c.attempts("/u/dup/0");
     assert_eq!(new.len(), 1, "{new:?}");
     assert_ne!(new[0]["attempt_uid"], old_uid.as_str());
-    assert_eq!(
-        c.query_i64(&format!(
-            "SELECT count(*) AS n FROM task_attempts WHERE attempt_uid = '{old_uid}'"
-        )),
-        0
+    assert!(
+        c.attempts_under("/")
+            .iter()
+            .all(|a| a.attempt_uid != old_uid),
+        "the first submission's attempt is gone with it"
     );
     assert_eq!(c.job_count(), 1);
     assert_eq!(
@@ -349,7 +339,7 @@ fn b06_cancel_kills_running_tasks_and_leaves_finished_jobs_alone() {
         pids.iter().all(|p| !alive(*p))
     });
     wait_until(SHORT, "attempts confirmed finished", || {
-        c.query_i64("SELECT count(*) AS n FROM task_attempts WHERE task_id LIKE '/u/c/%' AND finished_at_ms IS NULL") == 0
+        c.open_attempts().iter().all(|h| h.job_id != "/u/c")
     });
 
     // A finished job stays as it was.
@@ -545,7 +535,7 @@ fn b08_job_state_precedence_for_two_task_jobs() {
     // Any UNSCHEDULABLE → UNSCHEDULABLE: two 12-core tasks pinned to one 16-core worker with a
     // 3 s scheduling timeout; the first starts at once, the second can never start in time.
     wait_until(SHORT, "earlier attempts to be confirmed finished", || {
-        c.query_i64("SELECT count(*) AS n FROM task_attempts WHERE finished_at_ms IS NULL") == 0
+        c.open_attempts().is_empty()
     });
     let req = json!({
         "name": "/u/pu",
@@ -676,18 +666,16 @@ fn b10_replicas_never_overcommit_one_worker() {
 
     c.wait_job("/u/rep", "succeeded");
     // One at a time: each attempt is placed only after the previous one was confirmed finished.
-    let rows = c.query(
-        "SELECT a.task_id, a.worker_id, a.created_at_ms, a.started_at_ms, a.finished_at_ms FROM task_attempts a \
-         JOIN tasks t ON t.task_id = a.task_id WHERE t.job_id = '/u/rep' ORDER BY a.created_at_ms, a.task_id",
-    );
+    let mut rows = c.attempts_under("/u/rep");
+    rows.sort_by_key(|a| (a.created_at_ms, a.task_id.clone()));
     assert_eq!(rows.len(), 3, "{rows:?}");
     for w in rows.windows(2) {
         assert!(
-            i(&w[1]["created_at_ms"]) >= i(&w[0]["finished_at_ms"]),
+            w[1].created_at_ms >= w[0].finished_at_ms.unwrap_or(i64::MAX),
             "two 12-core tasks overlapped on one 16-core worker: {rows:?}"
         );
     }
-    assert!(rows.iter().all(|r| r["worker_id"] == "w0"));
+    assert!(rows.iter().all(|r| r.worker_id == "w0"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -716,11 +704,7 @@ fn b13_priority_bands_and_max_band() {
 
     c.submit("batch", &["--priority", "batch"], &["true"]);
     c.submit("plain", &[], &["true"]);
-    let band = |j: &str| {
-        c.query_i64(&format!(
-            "SELECT priority_band FROM job_config WHERE job_id = '{j}'"
-        ))
-    };
+    let band = |j: &str| c.job_request(j).priority_band;
     assert_eq!(band("/u/batch"), 3);
     assert_eq!(band("/u/plain"), 2);
 
@@ -857,14 +841,13 @@ fn child_jobs_nest_under_the_task_and_cancel_cascades() {
     wait_until(SHORT, "the child job to run", || {
         c.job_state("/u/parent/kid").as_deref() == Some("running")
     });
-    let rows = c
-        .query("SELECT parent_job_id, root_job_id, depth FROM jobs WHERE job_id = '/u/parent/kid'");
-    assert_eq!(
-        rows,
-        vec![json!({"parent_job_id": "/u/parent", "root_job_id": "/u/parent", "depth": 2})]
-    );
-    let band = c.query_i64("SELECT priority_band FROM job_config WHERE job_id = '/u/parent/kid'");
-    assert_eq!(band, 2, "inherits the parent's band");
+    assert_eq!(c.job_status("/u/parent/kid")["parentJobId"], "/u/parent");
+    let holds = c.open_attempts();
+    let kid = holds
+        .iter()
+        .find(|h| h.task_id == "/u/parent/kid/0")
+        .unwrap_or_else(|| panic!("the running child holds nothing: {holds:?}"));
+    assert_eq!(kid.band, 2, "inherits the parent's band");
 
     c.iris(&["job", "cancel", "/u/parent"]).ok();
     let p = c.wait_job("/u/parent", "killed");
@@ -872,7 +855,7 @@ fn child_jobs_nest_under_the_task_and_cancel_cascades() {
     let k = c.wait_job("/u/parent/kid", "killed");
     assert_eq!(k["error"], "Parent job terminated");
     wait_until(SHORT, "all attempts confirmed finished", || {
-        c.query_i64("SELECT count(*) AS n FROM task_attempts WHERE finished_at_ms IS NULL") == 0
+        c.open_attempts().is_empty()
     });
 }
 
@@ -1252,7 +1235,13 @@ fn bad_input_is_refused_with_the_field_named_and_changes_nothing() {
     let c = TestCluster::start(&[WorkerSpec::cpu(16)]);
     c.submit("keep", &[], &["true"]);
     c.wait_job("/u/keep", "succeeded");
-    let before = c.query("SELECT job_id, state FROM jobs ORDER BY job_id");
+    let job_states = || -> Vec<(String, i32)> {
+        c.jobs("/")
+            .into_iter()
+            .map(|j| (j.job_id, j.state))
+            .collect()
+    };
+    let before = job_states();
     assert_eq!(c.job_count(), 1);
 
     let run = |flags: &[&str]| {
@@ -1348,8 +1337,5 @@ fn bad_input_is_refused_with_the_field_named_and_changes_nothing() {
     assert!(o.err().contains("state"), "{}", o.stderr);
 
     assert_eq!(c.job_count(), 1);
-    assert_eq!(
-        c.query("SELECT job_id, state FROM jobs ORDER BY job_id"),
-        before
-    );
+    assert_eq!(job_states(), before);
 }

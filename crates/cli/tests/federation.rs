@@ -5,7 +5,10 @@
 mod common;
 
 use common::{http_get, init_keys, wait_for, wait_until, TestCluster, WorkerSpec};
+use iris_proto::inspect::{HandoffDirection, HandoffState};
+use iris_proto::job::{JobState, TaskState};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -193,14 +196,13 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     assert!(td.ok().contains("succeeded"), "{}", td.stdout);
     // The handoff record is queryable on the hub (admin: the hub's loopback CLI without a token).
     hub.set_cli_token(None);
-    let rows = hub.query(&format!(
-        "SELECT job_id, peer_id, owner_principal, handoff_state FROM federated_jobs WHERE job_id = '{h100}'"
-    ));
+    let rows = hub.handoffs(&h100);
     hub.set_cli_token(Some(user_token(&hub_key, "alice")));
     assert_eq!(rows.len(), 1, "{rows:?}");
-    assert_eq!(rows[0]["peer_id"], "cw-a");
-    assert_eq!(rows[0]["owner_principal"], "alice");
-    assert_eq!(rows[0]["handoff_state"], 1);
+    assert_eq!(rows[0].peer_id, "cw-a");
+    assert_eq!(rows[0].owner_principal, "alice");
+    assert_eq!(rows[0].direction(), HandoffDirection::Sent);
+    assert_eq!(rows[0].state(), HandoffState::HandedOff);
 
     // --target-cluster pins a CPU job to cw-b.
     let pinned = run(&hub, "pinned", &["--target-cluster", "cw-b"], &["true"]);
@@ -337,7 +339,7 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     wait_state(&hub, &queued, "succeeded");
     // Nothing lost or duplicated: every job the hub sent to cw-a exists there exactly once.
     for j in [&h100, &long, &survivor, &queued] {
-        let n = a.query_i64(&format!("SELECT count(*) FROM jobs WHERE job_id = '{j}'"));
+        let n = a.jobs(j).iter().filter(|s| s.job_id == **j).count();
         assert_eq!(n, 1, "{j} on cw-a");
     }
     drop(c);
@@ -414,18 +416,19 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
     // An INTERACTIVE job is promoted against the reclaimable BATCH holdings and cw-a preempts.
     let urgent = run(&hub, "urgent", &["--gpu", "H100x8"], &["sleep", "0.5"]);
     wait_state(&hub, &urgent, "succeeded");
-    let preempted = a.query_i64(
-        "SELECT count(*) FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
-         WHERE t.job_id LIKE '%/fill-%' AND a.state = 10",
-    );
+    let preempted = fill
+        .iter()
+        .flat_map(|j| a.attempts_under(j))
+        .filter(|at| at.state() == TaskState::Preempted)
+        .count();
     assert!(preempted >= 1, "cw-a preempted no BATCH attempt");
     // The BATCH job is still queued; cancelled there, it never reaches cw-a.
     hub.set_cli_token(None);
+    let queued = hub.handoffs(&waits);
     assert_eq!(
-        hub.query_i64(&format!(
-            "SELECT handoff_state FROM federated_jobs WHERE job_id = '{waits}'"
-        )),
-        3
+        queued.iter().map(|h| h.state()).collect::<Vec<_>>(),
+        [HandoffState::Queued],
+        "{queued:?}"
     );
     hub.set_cli_token(Some(user_token(&hub_key, "alice")));
     hub.iris(&["job", "cancel", &waits]).ok();
@@ -470,26 +473,25 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
         Duration::from_secs(240),
         "all 50 burst jobs to succeed",
         || {
-            hub.query_i64(
-                "SELECT count(*) FROM jobs WHERE job_id LIKE '/alice/burst-%' AND state = 4",
-            ) == 50
+            hub.job_counts("/alice/burst-")
+                .get(&JobState::Succeeded)
+                .copied()
+                == Some(50)
         },
     );
-    let per_generation = hub.query(
-        "SELECT generation, count(*) AS n FROM federated_jobs
-         WHERE job_id LIKE '/alice/burst-%' GROUP BY generation ORDER BY n DESC",
-    );
-    assert!(per_generation.len() >= 25, "{per_generation:?}");
-    for row in &per_generation {
-        assert!(
-            row["generation"].as_i64().unwrap_or(0) > 0,
-            "a burst job was promoted without a measured backend: {row}"
-        );
-        assert!(
-            row["n"].as_i64().unwrap_or(99) <= 2,
-            "more than 2 promotions against one observation: {per_generation:?}"
-        );
+    let mut per_generation: BTreeMap<i64, usize> = BTreeMap::new();
+    for h in hub.handoffs("/alice/burst-") {
+        *per_generation.entry(h.generation).or_default() += 1;
     }
+    assert!(per_generation.len() >= 25, "{per_generation:?}");
+    assert!(
+        !per_generation.contains_key(&0),
+        "a burst job was promoted without a measured backend: {per_generation:?}"
+    );
+    assert!(
+        per_generation.values().all(|n| *n <= 2),
+        "more than 2 promotions against one observation: {per_generation:?}"
+    );
     for j in &burst {
         assert_eq!(a.job_state(j).as_deref(), Some("succeeded"), "{j} on cw-a");
     }

@@ -101,12 +101,13 @@ impl Env {
 
     /// The pod of a task's current attempt.
     fn pod_of(&self, task: &str) -> String {
-        let rows = self.cluster.query(&format!(
-            "SELECT a.attempt_id, a.attempt_uid FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
-             WHERE a.task_id = '{task}' AND a.attempt_id = t.current_attempt_id"
-        ));
-        let id = rows[0]["attempt_id"].as_i64().unwrap_or(0) as u32;
-        let uid = rows[0]["attempt_uid"].as_str().unwrap_or("").to_string();
+        // The current attempt is the newest one.
+        let rows = self.cluster.attempts(task);
+        let last = rows
+            .last()
+            .unwrap_or_else(|| panic!("{task} has no attempt"));
+        let id = last["attempt_id"].as_i64().unwrap_or(0) as u32;
+        let uid = last["attempt_uid"].as_str().unwrap_or("").to_string();
         iris_kube_model::manifest::pod_name(task, id, &uid)
     }
 
@@ -116,9 +117,7 @@ impl Env {
 
     fn attempt_states(&self, task: &str) -> Vec<i64> {
         self.cluster
-            .query(&format!(
-                "SELECT state FROM task_attempts WHERE task_id = '{task}' ORDER BY attempt_id"
-            ))
+            .attempts(task)
             .iter()
             .filter_map(|r| r["state"].as_i64())
             .collect()

@@ -197,22 +197,12 @@ fn kill_9_of_the_controller_mid_submission_loses_nothing() {
     wait_until(
         Duration::from_secs(60),
         "every job terminal and every attempt confirmed",
-        || {
-            c.query_i64(
-                "SELECT (SELECT count(*) FROM jobs WHERE state NOT IN (4,5,6,7,8)) + \
-                 (SELECT count(*) FROM task_attempts WHERE finished_at_ms IS NULL) AS n",
-            ) == 0
-        },
+        || c.unfinished_jobs("/u/crash-") == 0 && c.open_attempts().is_empty(),
     );
-    let states: BTreeMap<String, i64> = c
-        .query("SELECT job_id, state FROM jobs")
+    let states: BTreeMap<String, i32> = c
+        .jobs("/u/crash-")
         .into_iter()
-        .map(|r| {
-            (
-                r["job_id"].as_str().expect("id").to_string(),
-                r["state"].as_i64().expect("state"),
-            )
-        })
+        .map(|j| (j.job_id, j.state))
         .collect();
     // Every acknowledged job is there, and every job (acknowledged or not) ended correctly.
     for i in &acked {
@@ -230,27 +220,43 @@ fn kill_9_of_the_controller_mid_submission_loses_nothing() {
         );
         assert_eq!(
             *st,
-            Kind::of(i).expected_state(),
+            Kind::of(i).expected_state() as i32,
             "{name} ended in state {st}"
         );
     }
-    // No attempt ran twice concurrently: one attempt per task, none left open, and no two
-    // attempts of a task with overlapping [started, finished].
-    let multi = c.query(
-        "SELECT task_id, count(*) AS n FROM task_attempts GROUP BY task_id HAVING count(*) > 1",
-    );
+    // No attempt ran twice: one attempt per task, none left open, each ended as its job did
+    // (one task per job) and started before it finished.
+    let attempts = c.attempts_under("/u/crash-");
+    let mut per_task: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in &attempts {
+        *per_task.entry(a.task_id.as_str()).or_default() += 1;
+    }
+    let multi: Vec<_> = per_task.iter().filter(|(_, n)| **n > 1).collect();
     assert!(multi.is_empty(), "tasks with several attempts: {multi:?}");
-    let overlapping = c.query_i64(
-        "SELECT count(*) AS n FROM task_attempts a JOIN task_attempts b
-           ON a.task_id = b.task_id AND a.attempt_id < b.attempt_id
-         WHERE b.started_at_ms IS NOT NULL AND (a.finished_at_ms IS NULL OR b.started_at_ms < a.finished_at_ms)",
+    assert_eq!(
+        per_task.len(),
+        states.len(),
+        "one task per job, each with an attempt"
     );
-    assert_eq!(overlapping, 0);
-    let bad_attempts = c.query(
-        "SELECT a.task_id, a.state, t.state AS task_state FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
-         WHERE a.state != t.state OR a.started_at_ms IS NULL OR a.finished_at_ms < a.started_at_ms",
-    );
-    assert!(bad_attempts.is_empty(), "{bad_attempts:?}");
+    for a in &attempts {
+        let job = a.task_id.trim_end_matches("/0");
+        let i: usize = job["/u/crash-".len()..].parse().expect("index");
+        assert_eq!(
+            a.state,
+            Kind::of(i).expected_state() as i32,
+            "{}: attempt ended in state {}",
+            a.task_id,
+            a.state
+        );
+        let (Some(started), Some(finished)) = (a.started_at_ms, a.finished_at_ms) else {
+            panic!("{}: attempt without a start or end stamp: {a:?}", a.task_id);
+        };
+        assert!(
+            finished >= started,
+            "{}: ended before it started: {a:?}",
+            a.task_id
+        );
+    }
     // Logs of finished attempts are intact: each job's name exactly once, from attempt 0.
     let mut seen: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
     for (key, data) in all_logs(&c.url, "/u/crash-") {
@@ -426,9 +432,7 @@ fn worker_loss_with_preemption_budget_0_fails_the_job_worker_failed() {
     let orphans = two_replicas_then_kill_w0(&mut c, "wl0", &["--max-retries-preemption", "0"]);
     let s = c.wait_job("/u/wl0", "worker_failed");
     kill_pids(&orphans);
-    let rows =
-        c.query("SELECT max_retries_preemption AS m FROM job_config WHERE job_id = '/u/wl0'");
-    assert_eq!(rows, vec![json!({"m": 0})]);
+    assert_eq!(c.job_request("/u/wl0").max_retries_preemption, 0);
     for t in 0..2 {
         let a = c.attempts(&format!("/u/wl0/{t}"));
         assert_eq!(a.len(), 1, "no rerun with budget 0: {a:?}");
@@ -436,24 +440,30 @@ fn worker_loss_with_preemption_budget_0_fails_the_job_worker_failed() {
     }
     assert_eq!(s["tasks"][0]["state"], "worker_failed", "{s}");
     // Nothing is left running or scheduled for it.
-    assert_eq!(
-        c.query_i64(
-            "SELECT count(*) AS n FROM tasks WHERE job_id = '/u/wl0' AND state IN (1, 2, 3, 9)"
-        ),
-        0
-    );
+    let live: Vec<_> = s["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter(|t| {
+            ["pending", "assigned", "building", "running"]
+                .contains(&t["state"].as_str().unwrap_or(""))
+        })
+        .collect();
+    assert!(live.is_empty(), "{live:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
 // 3. Checkpoints and the rollout record
 
-/// The durable job state, row for row (jobs, tasks, attempts).
+/// The durable job state: every job's status with its tasks (`GetJobStatus`) and every attempt
+/// (`ListAttempts`).
 fn durable_state(c: &TestCluster) -> Vec<Value> {
-    let mut out = c.query("SELECT * FROM jobs ORDER BY job_id");
-    out.extend(c.query("SELECT * FROM tasks ORDER BY task_id"));
-    out.extend(c.query(
-        "SELECT task_id, attempt_id, worker_id, state, created_at_ms, started_at_ms, finished_at_ms, exit_code, error, attempt_uid FROM task_attempts ORDER BY task_id, attempt_id",
-    ));
+    let mut out: Vec<Value> = job_ids(c).iter().map(|j| c.job_status(j)).collect();
+    out.extend(
+        c.attempts_under("/")
+            .into_iter()
+            .map(|a| serde_json::to_value(a).expect("attempt JSON")),
+    );
     out
 }
 
@@ -469,10 +479,7 @@ fn delete_local_db(c: &TestCluster) {
 }
 
 fn job_ids(c: &TestCluster) -> Vec<String> {
-    c.query("SELECT job_id FROM jobs ORDER BY job_id")
-        .iter()
-        .map(|r| r["job_id"].as_str().expect("id").to_string())
-        .collect()
+    c.jobs("/").into_iter().map(|j| j.job_id).collect()
 }
 
 /// `iris cluster controller checkpoint` → the checkpoint's epoch ms.
@@ -520,10 +527,7 @@ fn checkpoint_restore_and_rollback() {
     c.wait_job("/u/b", "failed");
     let before = durable_state(&c);
     let cp1 = checkpoint(&c, &remote);
-    assert_eq!(
-        c.query_i64("SELECT value FROM meta WHERE key = 'last_checkpoint_epoch_ms'"),
-        cp1
-    );
+    assert_eq!(c.last_checkpoint(), Some(cp1));
     c.submit("later", &[], &["echo", "later"]);
     c.wait_job("/u/later", "succeeded");
 
@@ -533,10 +537,7 @@ fn checkpoint_restore_and_rollback() {
     c.start_controller_again();
     assert_eq!(durable_state(&c), before);
     assert_eq!(job_ids(&c), vec!["/u/a", "/u/b"]);
-    assert_eq!(
-        c.query_i64("SELECT value FROM meta WHERE key = 'last_checkpoint_epoch_ms'"),
-        cp1
-    );
+    assert_eq!(c.last_checkpoint(), Some(cp1));
     // Logs are not part of a checkpoint and survive in the local state dir.
     assert_eq!(log_lines(c.iris(&["job", "logs", "/u/a"]).ok()), vec!["a"]);
     c.submit("c", &[], &["echo", "c"]);
@@ -651,9 +652,7 @@ fn periodic_checkpoints_are_pruned_by_age() {
     };
     let first = wait_for(SHORT, "several periodic checkpoints", || {
         let d = dirs();
-        (c.query_i64("SELECT count(*) AS n FROM meta WHERE key = 'last_checkpoint_epoch_ms'") == 1
-            && d.len() >= 2)
-            .then_some(d)
+        (c.last_checkpoint().is_some() && d.len() >= 2).then_some(d)
     });
     // The checkpoints seen first age out: later periodic checkpoints prune them.
     wait_until(SHORT, "the first checkpoints to be pruned", || {
@@ -663,7 +662,7 @@ fn periodic_checkpoints_are_pruned_by_age() {
     // Each checkpoint prunes before it is recorded in meta, so once `last` is recorded no other
     // directory is more than the max age (1 s) older than it; later checkpoints only add newer
     // directories and prune more.
-    let last = c.query_i64("SELECT value FROM meta WHERE key = 'last_checkpoint_epoch_ms'");
+    let last = c.last_checkpoint().expect("a checkpoint was recorded");
     let d = dirs();
     assert!(
         d.contains(&last) || d.iter().any(|ms| *ms > last),

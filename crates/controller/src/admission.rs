@@ -214,7 +214,7 @@ impl Controller {
                     .exists())
         {
             return Err(Error::invalid(format!(
-                "bundle_id {:?} is not a bundle this controller has; send bundle_blob instead",
+                "bundle_id '{}' is not a bundle this controller has; send bundle_blob instead",
                 req.bundle_id
             )));
         }

@@ -1,5 +1,6 @@
 //! `iris.inspect.InspectService`: Iris's own typed reads for the dashboard and the CLI (task
-//! events, job counts by state, attempt timelines, open resource holds), so neither composes SQL
+//! events, job counts by state, attempt timelines, open resource holds, federation handoffs,
+//! the last checkpoint), so neither composes SQL
 //! against the controller's tables nor needs the admin-only `ExecuteRawQuery`.
 //!
 //! Access: the role rule in `auth::authorize` lets users, tasks, the dashboard role and admins
@@ -126,8 +127,12 @@ impl Controller {
     ) -> Result<pb::ListAttemptsResponse> {
         let limit = limit("limit", req.limit, DEFAULT_ATTEMPTS, MAX_ATTEMPTS)?;
         let conn = self.db();
-        let of = match (req.job_id.is_empty(), req.task_id.is_empty()) {
-            (false, true) => {
+        let of = match (
+            req.job_id.is_empty(),
+            req.task_id.is_empty(),
+            req.job_id_prefix.is_empty(),
+        ) {
+            (false, true, true) => {
                 JobName::parse(&req.job_id).map_err(|e| Error::invalid(format!("job_id: {e}")))?;
                 let state = iris_store::jobs::job_state_of(&*conn, &req.job_id)?;
                 if state.is_none() {
@@ -135,14 +140,19 @@ impl Controller {
                 }
                 store::AttemptsOf::Job(&req.job_id)
             }
-            (true, false) => {
+            (true, false, true) => {
                 TaskId::parse(&req.task_id).map_err(|e| Error::invalid(format!("task_id: {e}")))?;
                 if !store::task_exists(&*conn, &req.task_id)? {
                     return Err(task_not_found(&req.task_id));
                 }
                 store::AttemptsOf::Task(&req.task_id)
             }
-            _ => return Err(Error::invalid("job_id, task_id: set exactly one of them")),
+            (true, true, false) => store::AttemptsOf::JobPrefix(&req.job_id_prefix),
+            _ => {
+                return Err(Error::invalid(
+                    "job_id, task_id, job_id_prefix: set exactly one of them (`/` lists every job's attempts)",
+                ))
+            }
         };
         let (rows, truncated) = store::attempts(&*conn, of, limit)?;
         Ok(pb::ListAttemptsResponse {
@@ -158,9 +168,54 @@ impl Controller {
                     started_at_ms: a.started_at_ms,
                     finished_at_ms: a.finished_at_ms,
                     exit_code: a.exit_code.map(|c| c as i32),
+                    error: a.error.unwrap_or_default(),
                 })
                 .collect(),
             truncated,
+        })
+    }
+
+    pub(crate) async fn list_handoffs(
+        &self,
+        req: pb::ListHandoffsRequest,
+    ) -> Result<pb::ListHandoffsResponse> {
+        use iris_store::federation as fed;
+        let rows = fed::handles(&*self.db(), &req.job_id_prefix)?;
+        Ok(pb::ListHandoffsResponse {
+            handoffs: rows
+                .into_iter()
+                .map(|h| pb::Handoff {
+                    direction: match h.direction {
+                        fed::RECEIVED => pb::HandoffDirection::Received,
+                        _ => pb::HandoffDirection::Sent,
+                    } as i32,
+                    state: match h.handoff_state {
+                        fed::HANDED_OFF => pb::HandoffState::HandedOff,
+                        fed::REJECTED => pb::HandoffState::Rejected,
+                        fed::QUEUED => pb::HandoffState::Queued,
+                        _ => pb::HandoffState::Pending,
+                    } as i32,
+                    job_id: h.job_id,
+                    peer_id: h.peer_id,
+                    owner_principal: h.owner_principal,
+                    generation: h.generation,
+                    backend_id: h.backend_id,
+                    last_error: h.last_error.unwrap_or_default(),
+                    handed_off_at_ms: h.handed_off_at_ms,
+                })
+                .collect(),
+        })
+    }
+
+    pub(crate) async fn get_checkpoint_status(
+        &self,
+        _req: pb::GetCheckpointStatusRequest,
+    ) -> Result<pb::GetCheckpointStatusResponse> {
+        Ok(pb::GetCheckpointStatusResponse {
+            last_checkpoint_epoch_ms: iris_store::meta_get(
+                &*self.db(),
+                iris_store::checkpoint::META_KEY,
+            )?,
         })
     }
 

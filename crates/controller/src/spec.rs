@@ -74,7 +74,7 @@ pub fn constraint_from_proto(c: &PConstraint) -> Result<Constraint, String> {
         8 => ConstraintOp::In,
         other => {
             return Err(format!(
-                "constraints: unknown op {other} for key {:?}",
+                "constraints: unknown op {other} for key '{}'",
                 c.key
             ))
         }

@@ -695,7 +695,9 @@ fn inspect_listing_is_pinned() {
             "ListTaskEvents",
             "CountJobs",
             "ListAttempts",
-            "ListResourceHolds"
+            "ListResourceHolds",
+            "ListHandoffs",
+            "GetCheckpointStatus"
         ]
     );
 }

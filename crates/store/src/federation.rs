@@ -34,9 +34,11 @@ pub struct Handle {
     pub backend_id: String,
     pub generation: i64,
     pub last_error: Option<String>,
+    /// When the peer accepted it.
+    pub handed_off_at_ms: Option<i64>,
 }
 
-const HANDLE_COLS: &str = "job_id, direction, peer_id, owner_principal, handoff_state, cancel_intent_version, handoff_nonce, backend_id, generation, last_error";
+const HANDLE_COLS: &str = "job_id, direction, peer_id, owner_principal, handoff_state, cancel_intent_version, handoff_nonce, backend_id, generation, last_error, handed_off_at_ms";
 
 fn handle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Handle> {
     Ok(Handle {
@@ -50,6 +52,7 @@ fn handle_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Handle> {
         backend_id: r.get(7)?,
         generation: r.get(8)?,
         last_error: r.get(9)?,
+        handed_off_at_ms: r.get(10)?,
     })
 }
 
@@ -80,6 +83,17 @@ pub fn handle(conn: &impl Read, job_id: &str) -> Result<Option<Handle>> {
         ))?
         .query_row([job_id], handle_row)
         .optional()?)
+}
+
+/// Every handle of a job whose id starts with `id_prefix` (empty: all), by job id, then
+/// direction.
+pub fn handles(conn: &impl Read, id_prefix: &str) -> Result<Vec<Handle>> {
+    let mut st = conn.raw().prepare_cached(&format!(
+        "SELECT {HANDLE_COLS} FROM federated_jobs
+         WHERE ?1 = '' OR substr(job_id, 1, length(?1)) = ?1 ORDER BY job_id, direction"
+    ))?;
+    let rows = st.query_map([id_prefix], handle_row)?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 /// The handle of the root of `job_id` (federation moves whole root jobs).

@@ -127,17 +127,20 @@ pub struct AttemptRow {
     pub started_at_ms: Option<i64>,
     pub finished_at_ms: Option<i64>,
     pub exit_code: Option<i64>,
+    /// Why it failed; `None` if it did not.
+    pub error: Option<String>,
 }
 
-/// Attempts of one job or one task.
+/// Attempts of one job, of one task, or of every job whose id starts with a prefix.
 #[derive(Clone, Copy, Debug)]
 pub enum AttemptsOf<'a> {
     Job(&'a str),
     Task(&'a str),
+    JobPrefix(&'a str),
 }
 
-/// The attempts of a job (by task index, then attempt id) or of a task (by attempt id), at most
-/// `limit`; `true` when more exist.
+/// The attempts of a job (by task index, then attempt id), of a task (by attempt id) or of the
+/// jobs under a prefix (by task id, then attempt id), at most `limit`; `true` when more exist.
 pub fn attempts(
     conn: &impl Read,
     of: AttemptsOf<'_>,
@@ -145,7 +148,7 @@ pub fn attempts(
 ) -> Result<(Vec<AttemptRow>, bool)> {
     const COLS: &str =
         "a.task_id, a.attempt_id, a.attempt_uid, COALESCE(a.worker_id, a.node_name, ''),
-        a.state, a.created_at_ms, a.started_at_ms, a.finished_at_ms, a.exit_code";
+        a.state, a.created_at_ms, a.started_at_ms, a.finished_at_ms, a.exit_code, a.error";
     let (sql, key) = match of {
         AttemptsOf::Job(job_id) => (
             format!(
@@ -159,6 +162,13 @@ pub fn attempts(
                 "SELECT {COLS} FROM task_attempts a WHERE a.task_id = ?1 ORDER BY a.attempt_id LIMIT ?2"
             ),
             task_id,
+        ),
+        AttemptsOf::JobPrefix(prefix) => (
+            format!(
+                "SELECT {COLS} FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+                 WHERE substr(t.job_id, 1, length(?1)) = ?1 ORDER BY a.task_id, a.attempt_id LIMIT ?2"
+            ),
+            prefix,
         ),
     };
     // One more than asked, to tell whether the list was cut.
@@ -175,6 +185,7 @@ pub fn attempts(
             started_at_ms: r.get(6)?,
             finished_at_ms: r.get(7)?,
             exit_code: r.get(8)?,
+            error: r.get(9)?,
         })
     })?;
     let mut out: Vec<AttemptRow> = rows.collect::<rusqlite::Result<_>>()?;

@@ -186,18 +186,65 @@ fn fail(rule: &str, violations: Vec<String>) {
     );
 }
 
-/// Where SQL may appear outside the store: operator SQL is a product feature (`iris query`,
-/// the dashboard's Query page), and integration tests and benchmarks observe the cluster
-/// through it (as an operator would), never through a connection of their own.
-const SQL_ALLOWED: &[(&str, &str)] = &[
-    // The Query page's example of operator SQL.
+/// Where SQL may appear outside the store: operator SQL (`iris query`, the dashboard's Query
+/// page) is a product feature, so the page's example and the tests whose subject is operator
+/// SQL itself (its formats, its read-only guard, its admin-only rule) send it. Everything else,
+/// tests included, reads through the typed InspectService RPCs.
+enum Within {
+    /// A string literal containing this text.
+    Literal(&'static str),
+    /// Any string literal inside the function of this name.
+    Fn(&'static str),
+}
+
+const SQL_ALLOWED: &[(&str, Within)] = &[
     (
         "crates/dashboard/src/pages",
-        "Example: SELECT state, count(*) FROM jobs",
+        Within::Literal("Example: SELECT state, count(*) FROM jobs"),
     ),
-    // `iris bench federation` counts handed-off jobs on the hub with `iris query`.
-    ("crates/cli/src/bench_federation.rs", "FROM federated_jobs"),
+    (
+        "crates/cli/tests/cluster.rs",
+        Within::Fn("b14_query_formats_and_read_only"),
+    ),
+    (
+        "crates/cli/tests/cluster.rs",
+        Within::Literal("UPDATE jobs SET state=1"),
+    ),
+    (
+        "crates/cli/tests/hardening.rs",
+        Within::Fn("query_refuses_writes_and_stops_runaway_queries_while_jobs_run"),
+    ),
+    // A non-admin is refused operator SQL; an admin is not.
+    (
+        "crates/cli/tests/auth.rs",
+        Within::Literal("SELECT count(*) FROM jobs"),
+    ),
+    // The browser drives the Query page.
+    (
+        "crates/cli/tests/dashboard.rs",
+        Within::Literal("/query?sql="),
+    ),
 ];
+
+/// The name of the function whose body holds `line` (1-based): the last `fn` declared above it.
+fn enclosing_fn(src: &str, line: usize) -> Option<String> {
+    static FN: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"^\s*(?:pub\s+)?(?:async\s+)?fn\s+(\w+)").expect("regex"));
+    src.lines()
+        .take(line)
+        .filter_map(|l| FN.captures(l).map(|c| c[1].to_string()))
+        .last()
+}
+
+fn sql_allowed(file: &str, src: &str, line: usize, lit: &str) -> bool {
+    SQL_ALLOWED.iter().any(|(f, w)| {
+        file.starts_with(f)
+            && match w {
+                Within::Literal(s) => lit.contains(s),
+                Within::Fn(name) => enclosing_fn(src, line).as_deref() == Some(name),
+            }
+    })
+}
 
 #[test]
 fn sql_and_rusqlite_live_only_in_the_store() {
@@ -215,17 +262,10 @@ fn sql_and_rusqlite_live_only_in_the_store() {
                 bad.push(format!("{r}:{}: names rusqlite", n + 1));
             }
         }
-        if is_test_path(&r) {
-            // Tests may query through the operator's read-only SQL (`iris query`), never a
-            // connection of their own (checked above).
-            continue;
-        }
-        for (line, lit) in string_literals(non_test(&src)) {
-            if sql.is_match(&lit)
-                && !SQL_ALLOWED
-                    .iter()
-                    .any(|(f, s)| r.starts_with(f) && lit.contains(s))
-            {
+        // Tests are checked too: they observe the cluster through the typed InspectService
+        // reads, and send SQL only where operator SQL is itself what they test.
+        for (line, lit) in string_literals(&src) {
+            if sql.is_match(&lit) && !sql_allowed(&r, &src, line, &lit) {
                 bad.push(format!(
                     "{r}:{line}: SQL outside crates/store: {}",
                     first_line(&lit)
@@ -395,4 +435,15 @@ fn the_checks_see_what_they_look_for() {
     ));
     assert!(sql_re().is_match(&lits[1].1));
     assert_eq!(non_test("a\n#[cfg(test)]\nmod tests {}\n"), "a\n");
+    // An allowance by function covers that function's body and no other.
+    let t = "#[test]\nfn b14_query_formats_and_read_only() {\n    q(\"DELETE FROM jobs\");\n}\nasync fn other() {\n    q(\"DELETE FROM jobs\");\n}\n";
+    let f = "crates/cli/tests/cluster.rs";
+    assert!(sql_allowed(f, t, 3, "DELETE FROM jobs"));
+    assert!(!sql_allowed(f, t, 6, "DELETE FROM jobs"));
+    assert!(!sql_allowed(
+        "crates/cli/tests/auth.rs",
+        t,
+        3,
+        "DELETE FROM jobs"
+    ));
 }

@@ -61,7 +61,7 @@ fn reconcile(
 ) -> Result<w::ReconcileResponse, RpcError> {
     if req.worker_id != inner.cfg.worker_id {
         return Err(RpcError::invalid(format!(
-            "reconcile addressed to worker {:?}, but this is {:?}",
+            "reconcile addressed to worker '{}', but this is '{}'",
             req.worker_id, inner.cfg.worker_id
         )));
     }

@@ -110,7 +110,7 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     let mut env_vars = std::collections::BTreeMap::new();
     for kv in a.env.chunks(2) {
         if kv[0].is_empty() || kv[0].contains('=') {
-            bail!("-e: invalid variable name {:?}", kv[0]);
+            bail!("-e: invalid variable name '{}'", kv[0]);
         }
         env_vars.insert(kv[0].clone(), kv[1].clone());
     }

@@ -1,15 +1,25 @@
-//! `iris rpc controller <method>`: calls any `ControllerService` method with a JSON body over
-//! Connect's JSON encoding and pretty-prints the JSON reply; exit 1 on a non-success status.
+//! `iris rpc controller|inspect <method>`: calls any `ControllerService` (or Iris's
+//! `InspectService`) method with a JSON body over Connect's JSON encoding and pretty-prints the
+//! JSON reply; exit 1 on a non-success status.
 
 use crate::client::{controller_client, SVC};
 use crate::keys;
 use anyhow::Context;
 
-pub(crate) async fn run(method: &str, json: String, url: Option<String>) -> anyhow::Result<i32> {
+pub(crate) async fn run(
+    target: &str,
+    method: &str,
+    json: String,
+    url: Option<String>,
+) -> anyhow::Result<i32> {
     let cl = controller_client(&url)?;
     let m = kebab_to_pascal(method);
+    let service = match target {
+        "inspect" => iris_proto::INSPECT_SERVICE,
+        _ => SVC,
+    };
     let mut rb = reqwest::Client::new()
-        .post(format!("{}/{SVC}/{m}", cl.base()))
+        .post(format!("{}/{service}/{m}", cl.base()))
         .header("content-type", "application/json")
         .body(json);
     if let Some(t) = keys::cli_token() {

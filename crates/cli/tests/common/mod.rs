@@ -6,10 +6,22 @@
 
 #![allow(dead_code)] // each test uses a different subset
 
-use serde_json::Value;
+use iris_proto::job::JobState;
+use iris_proto::{cluster, inspect};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// Job states a job never leaves.
+pub const JOB_FINAL: [JobState; 5] = [
+    JobState::Succeeded,
+    JobState::Failed,
+    JobState::Killed,
+    JobState::WorkerFailed,
+    JobState::Unschedulable,
+];
 
 /// The `iris` binary under test.
 pub const IRIS: &str = env!("CARGO_BIN_EXE_iris");
@@ -410,6 +422,16 @@ impl TestCluster {
 
     /// Ids of the workers the controller lists as healthy.
     pub fn healthy_workers(&self) -> Vec<String> {
+        self.listed_workers()
+            .into_iter()
+            .filter(|(_, healthy)| *healthy)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Every worker the controller lists (`ListWorkers`), with whether it is healthy; empty if
+    /// the controller does not answer.
+    pub fn listed_workers(&self) -> Vec<(String, bool)> {
         let o = self.iris(&["rpc", "controller", "list-workers"]);
         if o.code != 0 {
             return Vec::new();
@@ -419,8 +441,10 @@ impl TestCluster {
             .as_array()
             .map(|ws| {
                 ws.iter()
-                    .filter(|w| w["healthy"].as_bool().unwrap_or(false))
-                    .filter_map(|w| w["workerId"].as_str().map(str::to_string))
+                    .filter_map(|w| {
+                        let id = w["workerId"].as_str()?.to_string();
+                        Some((id, w["healthy"].as_bool().unwrap_or(false)))
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -553,25 +577,127 @@ impl TestCluster {
         v["job"].clone()
     }
 
-    /// `iris query SQL -f json` → rows as JSON objects.
+    /// `iris rpc inspect METHOD --json BODY`, decoded: Iris's typed reads
+    /// (`iris.inspect.InspectService`), so tests read state without SQL against the schema.
     #[track_caller]
-    pub fn query(&self, sql: &str) -> Vec<Value> {
-        let o = self.iris(&["query", sql, "-f", "json"]);
-        let v: Value = serde_json::from_str(o.ok())
-            .unwrap_or_else(|e| panic!("query JSON: {e}\n{}", o.stdout));
-        v.as_array().cloned().unwrap_or_default()
+    pub fn inspect<T: serde::de::DeserializeOwned>(&self, method: &str, body: Value) -> T {
+        let o = self.iris(&["rpc", "inspect", method, "--json", &body.to_string()]);
+        serde_json::from_str(o.ok()).unwrap_or_else(|e| panic!("{method} reply: {e}\n{}", o.stdout))
     }
 
-    /// A single integer from a one-row, one-column query.
+    /// `iris rpc controller METHOD --json BODY`, decoded.
     #[track_caller]
-    pub fn query_i64(&self, sql: &str) -> i64 {
-        let rows = self.query(sql);
-        assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
-        let obj = rows[0].as_object().expect("row object");
-        obj.values()
-            .next()
-            .and_then(Value::as_i64)
-            .unwrap_or_else(|| panic!("{sql}: not an integer: {rows:?}"))
+    pub fn controller_rpc<T: serde::de::DeserializeOwned>(&self, method: &str, body: Value) -> T {
+        let o = self.iris(&["rpc", "controller", method, "--json", &body.to_string()]);
+        serde_json::from_str(o.ok()).unwrap_or_else(|e| panic!("{method} reply: {e}\n{}", o.stdout))
+    }
+
+    /// The job as submitted (`GetJobStatus.request`): resources, band, retry budgets, ….
+    #[track_caller]
+    pub fn job_request(&self, job: &str) -> cluster::controller::LaunchJobRequest {
+        let r: cluster::controller::GetJobStatusResponse =
+            self.controller_rpc("get-job-status", json!({ "jobId": job }));
+        r.request
+            .unwrap_or_else(|| panic!("{job}: GetJobStatus carries no request"))
+    }
+
+    /// Every job whose id starts with `prefix`, by id (`ListJobs`, page by page).
+    pub fn jobs(&self, prefix: &str) -> Vec<iris_proto::job::JobStatus> {
+        let mut out = Vec::new();
+        loop {
+            let r: cluster::controller::ListJobsResponse = self.controller_rpc(
+                "list-jobs",
+                json!({ "query": {
+                    "jobIdPrefix": prefix,
+                    "sortDirection": "SORT_DIRECTION_ASC",
+                    "offset": out.len(),
+                    "limit": 500,
+                }}),
+            );
+            let n = r.jobs.len();
+            out.extend(r.jobs);
+            if !r.has_more || n == 0 {
+                out.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+                return out;
+            }
+        }
+    }
+
+    /// Jobs whose id starts with `prefix`, by state.
+    pub fn job_counts(&self, prefix: &str) -> BTreeMap<JobState, i64> {
+        let r: inspect::CountJobsResponse =
+            self.inspect("count-jobs", json!({ "jobIdPrefix": prefix }));
+        r.counts.into_iter().map(|c| (c.state(), c.count)).collect()
+    }
+
+    /// Every job there is.
+    pub fn job_count(&self) -> i64 {
+        self.job_counts("").values().sum()
+    }
+
+    /// Jobs under `prefix` not yet in a final state.
+    pub fn unfinished_jobs(&self, prefix: &str) -> i64 {
+        self.job_counts(prefix)
+            .into_iter()
+            .filter(|(s, _)| !JOB_FINAL.contains(s))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The attempts of one task, by attempt id, each as a flat JSON object (`attempt_id`,
+    /// `worker_id`, `state` as its number, `exit_code`, `attempt_uid`, `created_at_ms`,
+    /// `started_at_ms`, `finished_at_ms`, `error`; absent values are null) from `ListAttempts`.
+    #[track_caller]
+    pub fn attempts(&self, task: &str) -> Vec<Value> {
+        let r: inspect::ListAttemptsResponse =
+            self.inspect("list-attempts", json!({ "taskId": task }));
+        r.attempts
+            .into_iter()
+            .map(|a| {
+                json!({
+                    "attempt_id": a.attempt_id,
+                    "worker_id": a.worker_id,
+                    "state": a.state,
+                    "exit_code": a.exit_code,
+                    "attempt_uid": a.attempt_uid,
+                    "created_at_ms": a.created_at_ms,
+                    "started_at_ms": a.started_at_ms,
+                    "finished_at_ms": a.finished_at_ms,
+                    "error": if a.error.is_empty() { Value::Null } else { Value::from(a.error) },
+                })
+            })
+            .collect()
+    }
+
+    /// The attempts of every job whose id starts with `prefix`, by task id and attempt id.
+    #[track_caller]
+    pub fn attempts_under(&self, prefix: &str) -> Vec<inspect::AttemptSummary> {
+        let r: inspect::ListAttemptsResponse = self.inspect(
+            "list-attempts",
+            json!({ "jobIdPrefix": prefix, "limit": 20000 }),
+        );
+        assert!(!r.truncated, "more than 20000 attempts under {prefix}");
+        r.attempts
+    }
+
+    /// Attempts whose worker has not confirmed their end (they still hold resources).
+    pub fn open_attempts(&self) -> Vec<inspect::ResourceHold> {
+        let r: inspect::ListResourceHoldsResponse = self.inspect("list-resource-holds", json!({}));
+        r.holds
+    }
+
+    /// The federation handoff records of jobs whose id starts with `prefix`.
+    pub fn handoffs(&self, prefix: &str) -> Vec<inspect::Handoff> {
+        let r: inspect::ListHandoffsResponse =
+            self.inspect("list-handoffs", json!({ "jobIdPrefix": prefix }));
+        r.handoffs
+    }
+
+    /// The checkpoint the controller's DB was last written to or restored from.
+    pub fn last_checkpoint(&self) -> Option<i64> {
+        let r: inspect::GetCheckpointStatusResponse =
+            self.inspect("get-checkpoint-status", json!({}));
+        r.last_checkpoint_epoch_ms
     }
 
     /// The job's friendly state (`running`, `succeeded`, …); `None` if the job does not exist.
@@ -608,20 +734,6 @@ impl TestCluster {
                     .then_some(v)
             },
         )
-    }
-
-    /// Attempts of a task from the DB, ordered by attempt id.
-    pub fn attempts(&self, task: &str) -> Vec<Value> {
-        self.query(&format!(
-            "SELECT attempt_id, worker_id, state, exit_code, attempt_uid, created_at_ms, started_at_ms, finished_at_ms, error \
-             FROM task_attempts WHERE task_id = '{}' ORDER BY attempt_id",
-            task.replace('\'', "''")
-        ))
-    }
-
-    /// Number of rows in `jobs`.
-    pub fn job_count(&self) -> i64 {
-        self.query_i64("SELECT count(*) AS n FROM jobs")
     }
 }
 

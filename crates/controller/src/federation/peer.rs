@@ -32,7 +32,7 @@ impl Controller {
         let denied = |m: String| Err(Error::new(Code::PermissionDenied, m));
         if f.submitting_user.is_empty() || f.submitting_user == "local_admin" {
             return denied(format!(
-                "federation: job {name} was submitted by the anonymous admin ({:?}) of {}; only verified users' jobs may be handed off",
+                "federation: job {name} was submitted by the anonymous admin ('{}') of {}; only verified users' jobs may be handed off",
                 f.submitting_user, f.requester_id
             ));
         }
@@ -40,13 +40,13 @@ impl Controller {
             iris_auth::Role::FederationPeer => {
                 if caller.user_id != f.requester_id {
                     return denied(format!(
-                        "federation.requester_id {:?} does not match the caller's token issuer {:?}",
+                        "federation.requester_id '{}' does not match the caller's token issuer '{}'",
                         f.requester_id, caller.user_id
                     ));
                 }
                 if !fed::submitter_admitted(&auth.allowed_submitters, &f.submitting_user) {
                     return denied(format!(
-                        "submitter {:?} is not in this cluster's auth.allowed_submitters",
+                        "submitter '{}' is not in this cluster's auth.allowed_submitters",
                         f.submitting_user
                     ));
                 }
@@ -86,7 +86,7 @@ impl Controller {
             return Err(Error::new(
                 Code::PermissionDenied,
                 format!(
-                    "FederationSync: requester_id {:?} does not match the caller's token issuer {:?}",
+                    "FederationSync: requester_id '{}' does not match the caller's token issuer '{}'",
                     req.requester_id, caller.user_id
                 ),
             ));

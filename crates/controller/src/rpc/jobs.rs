@@ -116,7 +116,7 @@ impl Controller {
         } else {
             Some(JobState::from_friendly(&q.state_filter).ok_or_else(|| {
                 Error::invalid(format!(
-                    "query.state_filter: unknown state {:?}; use pending, running, succeeded, failed, killed, worker_failed or unschedulable",
+                    "query.state_filter: unknown state '{}'; use pending, running, succeeded, failed, killed, worker_failed or unschedulable",
                     q.state_filter
                 ))
             })?)

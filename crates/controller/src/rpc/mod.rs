@@ -189,6 +189,8 @@ async fn dispatch_inner(
         ("iris.inspect.InspectService", "CountJobs") => call!(count_jobs),
         ("iris.inspect.InspectService", "ListAttempts") => call!(list_attempts),
         ("iris.inspect.InspectService", "ListResourceHolds") => call!(list_resource_holds),
+        ("iris.inspect.InspectService", "ListHandoffs") => call!(list_handoffs),
+        ("iris.inspect.InspectService", "GetCheckpointStatus") => call!(get_checkpoint_status),
         ("iris.cluster.EndpointService", "ListEndpoints") => call!(list_endpoints),
         ("finelog.logging.LogService", "FetchLogs") => call!(fetch_logs),
         ("finelog.logging.LogService", "PushLogs") => call!(push_logs),

@@ -304,11 +304,17 @@ fn report(
             }
             _ => Err(Rejected::NoChange),
         },
-        TaskState::Succeeded => Ok(step(
-            TaskState::Succeeded,
-            Some(TaskState::Succeeded),
-            "TaskSucceeded",
-        )),
+        // An exit (success or failure) proves the process ran, even when the RUNNING report
+        // was lost (e.g. sent to a controller that died): the attempt gets a start stamp.
+        TaskState::Succeeded => {
+            let mut s = step(
+                TaskState::Succeeded,
+                Some(TaskState::Succeeded),
+                "TaskSucceeded",
+            );
+            s.mark_started = !started;
+            Ok(s)
+        }
         TaskState::Failed => {
             let retry = t.failure_count < t.max_retries_failure;
             let mut s = if retry {
@@ -321,6 +327,7 @@ fn report(
                 step(TaskState::Failed, Some(TaskState::Failed), "TaskFailed")
             };
             s.error = Some(error.to_string());
+            s.mark_started = !started;
             if t.coscheduled {
                 s.cascade = Some(if retry {
                     GangCascade::Requeue

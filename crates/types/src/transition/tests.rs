@@ -45,6 +45,18 @@ fn assigned_building_marks_started() {
 }
 
 #[test]
+fn an_exit_reported_straight_from_assigned_marks_started() {
+    for end in [T::Succeeded, T::Failed] {
+        let s = transition(&task(T::Assigned, Some((T::Assigned, false))), &report(end))
+            .expect("applies");
+        assert_eq!((s.attempt, s.mark_started), (Some(end), true), "{end}");
+        let s =
+            transition(&task(T::Running, Some((T::Running, true))), &report(end)).expect("applies");
+        assert!(!s.mark_started, "{end} after running keeps the first stamp");
+    }
+}
+
+#[test]
 fn assigned_or_building_running() {
     let s = transition(
         &task(T::Assigned, Some((T::Assigned, false))),
