@@ -470,6 +470,124 @@ def python_client_submit_replicas_env_logs():
         assert [str(x) for x in listed] == [job_id("py")], listed
 
 
+def _callable_reports(word, times):
+    """Runs inside the task (pickled by value): prints its arguments' product and its index."""
+    from iris.cluster.client.job_info import get_job_info
+
+    info = get_job_info()
+    print(f"callable-result={word * times} index={info.task_index} of={info.num_tasks}", flush=True)
+
+
+def _callable_raises():
+    raise ValueError("compat-callable-boom")
+
+
+@step
+def python_client_callable_runs_with_args_and_sees_its_task_index():
+    """The published client's main submission path: `Entrypoint.from_callable`, which runs
+    `exec $IRIS_PYTHON -u $IRIS_WORKDIR/_callable_runner.py` on the worker."""
+    from iris.client import IrisClient, JobState
+    from iris.cluster.types import Entrypoint, ResourceSpec
+
+    quiet_client_logs()
+    with IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE)) as client:
+        job = client.submit(
+            Entrypoint.from_callable(_callable_reports, "ab", times=3),
+            name("callable"),
+            ResourceSpec(cpu=0.1, memory="256MB", disk="100MB"),
+            replicas=3,
+            user=USER,
+        )
+        status = job.wait(timeout=120, poll_interval=1.0, raise_on_failure=False)
+        lines = [e.data for e in job.logs()]
+        assert status.state is JobState.SUCCEEDED, (status, lines[-20:])
+        got = sorted(l for l in lines if l.startswith("callable-result="))
+        want = [f"callable-result=ababab index={i} of=3" for i in range(3)]
+        assert got == want, lines
+
+
+@step
+def python_client_callable_that_raises_fails_with_the_exception():
+    from iris.client import IrisClient, JobState
+    from iris.cluster.types import Entrypoint, ResourceSpec
+
+    quiet_client_logs()
+    with IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE)) as client:
+        job = client.submit(
+            Entrypoint.from_callable(_callable_raises),
+            name("callable-raises"),
+            ResourceSpec(cpu=0.1, memory="256MB", disk="100MB"),
+            user=USER,
+        )
+        status = job.wait(timeout=120, poll_interval=1.0, raise_on_failure=False)
+        assert status.state is JobState.FAILED, status
+        lines = [e.data for e in job.logs()]
+        assert any("ValueError: compat-callable-boom" in l for l in lines), lines[-20:]
+    r = ok(iris("job", "describe", job_id("callable-raises")))
+    assert "compat-callable-boom" in r.out, r.describe()
+
+
+@step
+def job_logs_level_filters_by_each_lines_prefix():
+    """Lines carry the reference's level prefixes on either stream; `--level warning` keeps
+    exactly the WARNING and ERROR ones, in the published CLI and in ours."""
+    script = (
+        'echo "I20260102 12:00:00 lvl-info-out"; echo "W20260102 12:00:01 lvl-warn-out"; '
+        'echo "I20260102 12:00:02 lvl-info-err" >&2; echo "E20260102 12:00:03 lvl-error-err" >&2; '
+        'echo "[rank1] W20260102 12:00:04 lvl-warn-rank" >&2; echo "D20260102 12:00:05 lvl-debug-err" >&2; '
+        'echo "lvl-plain-out"'
+    )
+    job = submit("levels", ["sh", "-c", script])
+    wait_until("the levels job to finish", lambda: api_job_state(job) == "succeeded")
+    want = ["lvl-warn-out", "lvl-error-err", "lvl-warn-rank"]
+    ours = Path(__file__).resolve().parents[2] / "target" / "debug" / "iris"
+    for label, argv in [
+        ("published", [ARGS.iris]),
+        ("ours", [str(ours)]),
+    ]:
+        proc = subprocess.run(
+            [*argv, "--controller-url", ARGS.controller_url, "job", "logs", job, "--level", "warning"],
+            cwd=WORKSPACE, env=dict(os.environ, IRIS_USER=USER), capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, f"{label}: {proc.stderr}"
+        got = re.findall(r"lvl-[a-z-]+", proc.stdout)
+        assert sorted(got) == sorted(want), f"{label}: {got}\n{proc.stdout}"
+
+
+@step
+def job_run_extra_syncs_the_workspace_before_the_command():
+    """`--extra` renders the uv sync setup; the worker runs it in the task's workdir before the
+    command, which then runs inside the synced venv. Without a pyproject.toml the sync is skipped
+    with a notice. Through the published CLI and ours."""
+    ours = str(Path(__file__).resolve().parents[2] / "target" / "debug" / "iris")
+    cmd = 'echo "venv-active=${VIRTUAL_ENV:+yes}"; python -c "import sys; print(\'prefix-tail=\' + sys.prefix.rsplit(\'/\', 1)[-1])"'
+    with tempfile.TemporaryDirectory(prefix="iris-compat-proj-") as proj:
+        Path(proj, "pyproject.toml").write_text(
+            '[project]\nname = "compat-sync"\nversion = "0.1.0"\nrequires-python = ">=3.12"\n'
+            "dependencies = []\n\n[project.optional-dependencies]\nfast = []\n"
+        )
+        for label, cli in [("published", ARGS.iris), ("ours", ours)]:
+            tag = f"sync-{label}"
+            proc = subprocess.run(
+                [cli, "--controller-url", ARGS.controller_url, "job", "run", "--no-wait", "--job-name", name(tag),
+                 "--extra", "fast", "--", "sh", "-c", cmd],
+                cwd=proj, env=dict(os.environ, IRIS_USER=USER), capture_output=True, text=True, timeout=120,
+            )
+            assert proc.returncode == 0, f"{label}: {proc.stderr}"
+            wait_until(f"{label}: the synced job to finish", lambda: api_job_state(job_id(tag)) in ("succeeded", "failed"), timeout=180)
+            r = ok(iris("job", "logs", job_id(tag), "--no-tail"))
+            out = r.out
+            assert api_job_state(job_id(tag)) == "succeeded", f"{label}:\n{out}"
+            assert "[iris setup] step 1/2" in out and "syncing deps" in out, f"{label}:\n{out}"
+            assert out.index("syncing deps") < out.index("venv-active=yes"), f"{label}:\n{out}"
+            assert "prefix-tail=.venv" in out, f"{label}:\n{out}"
+    # No pyproject.toml: nothing to sync; the notice says so and the command runs.
+    job = submit("sync-none", ["echo", "sync-none-ran"], "--extra", "fast")
+    wait_until("the unsynced job to finish", lambda: api_job_state(job) == "succeeded")
+    out = ok(iris("job", "logs", job, "--no-tail")).out
+    assert "skipped" in out and "no pyproject.toml" in out and "sync-none-ran" in out, out
+
+
 # --------------------------------------------------------------------------------------------
 
 

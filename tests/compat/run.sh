@@ -15,8 +15,9 @@ cd "$ROOT"
 
 VENV="${IRIS_COMPAT_VENV:-$ROOT/.venv-compat}"
 MARIN_IRIS_VERSION="0.2.227.dev40316220070"
-if [[ ! -x "$VENV/bin/iris" ]] ||
-    ! "$VENV/bin/pip" show marin-iris 2>/dev/null | grep -qx "Version: $MARIN_IRIS_VERSION"; then
+# (`pip show` is read whole: `grep -q` closing the pipe early would fail it under pipefail.)
+if [[ ! -x "$VENV/bin/iris" ]] || [[ ! -x "$VENV/bin/uv" ]] ||
+    [[ "$("$VENV/bin/pip" show marin-iris 2>/dev/null || true)" != *"Version: $MARIN_IRIS_VERSION"* ]]; then
     PY="${IRIS_COMPAT_PYTHON:-$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3}"
     if [[ ! -x "$PY" ]]; then
         PY="$(command -v python3.12 || true)"
@@ -27,8 +28,10 @@ if [[ ! -x "$VENV/bin/iris" ]] ||
     # Exact pins: the published package is the spec, so a new release changes what we test
     # against only when someone bumps these on purpose. httpx's 1.0 pre-releases dropped
     # `httpx.Auth` and break `import iris.cli`; keep httpx < 1.
+    # uv: the workers run the jobs' `uv sync` setup with it (it is on their PATH through the venv).
     "$VENV/bin/pip" install -q --disable-pip-version-check \
-        "marin-iris==$MARIN_IRIS_VERSION" "marin-finelog==0.2.71.dev40003900277" "httpx<1"
+        "marin-iris==$MARIN_IRIS_VERSION" "marin-finelog==0.2.71.dev40003900277" "httpx<1" \
+        "uv==0.9.5"
 fi
 
 cargo build -q -p iris-cli
@@ -53,7 +56,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-"$BIN" cluster start --local --state-dir "$STATE" >"$LOG" 2>&1 &
+# Started the way a user of the published package starts it: with the package's venv
+# activated, so the workers' `python3` (IRIS_PYTHON for callable jobs) has cloudpickle.
+PATH="$VENV/bin:$PATH" "$BIN" cluster start --local --state-dir "$STATE" >"$LOG" 2>&1 &
 CLUSTER_PID=$!
 URL=""
 for _ in $(seq 300); do

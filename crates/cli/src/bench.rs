@@ -147,6 +147,8 @@ async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Re
         scale_group: "cpu".into(),
         cache_dir: dir.join("worker"),
         heartbeat_timeout: Duration::from_secs(60),
+        python: None,
+        task_env: Default::default(),
     })
     .await?;
     let cl = iris_rpc::Client::new(url)?;

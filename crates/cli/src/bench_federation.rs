@@ -135,6 +135,8 @@ impl Fleet {
             scale_group: "cpu".into(),
             cache_dir: dir,
             heartbeat_timeout: Duration::from_secs(60),
+            python: None,
+            task_env: Default::default(),
         })
         .await
         .context("starting a worker")?;

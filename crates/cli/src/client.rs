@@ -9,11 +9,20 @@ use iris_proto::finelog::logging as fl;
 use iris_rpc::{Client, RpcError};
 use std::time::Duration;
 
+/// The controller when no flag names one: `IRIS_CONTROLLER_URL`, else the address the local
+/// cluster recorded in its state dir.
+pub(crate) fn ambient_url() -> Option<String> {
+    std::env::var("IRIS_CONTROLLER_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .or_else(local::recorded_url)
+}
+
 pub(crate) fn controller_client(url: &Option<String>) -> anyhow::Result<Client> {
     let url = match url {
         Some(u) => u.clone(),
-        None => local::recorded_url().context(
-            "no controller address: start one with `iris cluster start --local`, or pass --controller-url",
+        None => ambient_url().context(
+            "no controller address: start one with `iris cluster start --local`, or pass --controller-url, --config or --cluster",
         )?,
     };
     let token = keys::cli_token();

@@ -155,6 +155,42 @@ impl ClusterConfig {
             .and_then(|s| s.remote_state_dir.clone())
             .filter(|s| !s.trim().is_empty())
     }
+
+    /// The env every task starts with unless its job sets the same key: the published
+    /// `defaults.task_env`, under `defaults.worker.task_env` (a worker's own entry wins, as the
+    /// reference propagates it), and our older top-level `task_env` over both.
+    pub fn task_env(&self) -> anyhow::Result<BTreeMap<String, String>> {
+        let section = |path: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
+            let mut v = self.defaults.as_ref();
+            for key in path {
+                v = v.and_then(|x| x.get(*key));
+            }
+            let dotted = format!("defaults.{}", path.join("."));
+            let Some(v) = v.filter(|v| !v.is_null()) else {
+                return Ok(BTreeMap::new());
+            };
+            let map = v.as_mapping().ok_or_else(|| {
+                anyhow::anyhow!("`{dotted}` must be a map of variable names to values")
+            })?;
+            let mut out = BTreeMap::new();
+            for (k, val) in map {
+                let key = k
+                    .as_str()
+                    .ok_or_else(|| anyhow::anyhow!("`{dotted}`: variable names must be strings"))?;
+                if val.is_mapping() || val.is_sequence() {
+                    anyhow::bail!(
+                        "`{dotted}.{key}` must be a string, number or boolean (write lists and maps as a quoted string)"
+                    );
+                }
+                out.insert(key.to_string(), attr_string(val));
+            }
+            Ok(out)
+        };
+        let mut env = section(&["task_env"])?;
+        env.extend(section(&["worker", "task_env"])?);
+        env.extend(self.task_env.clone());
+        Ok(env)
+    }
 }
 
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -286,10 +322,13 @@ scale_groups:
 
 pub fn parse(text: &str, origin: &str) -> anyhow::Result<ClusterConfig> {
     let de = serde_yaml::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let c: ClusterConfig = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         anyhow::anyhow!("{origin}: invalid config at `{path}`: {}", e.into_inner())
-    })
+    })?;
+    c.task_env()
+        .map_err(|e| anyhow::anyhow!("{origin}: invalid config: {e}"))?;
+    Ok(c)
 }
 
 pub fn load(path: &std::path::Path) -> anyhow::Result<ClusterConfig> {
@@ -322,6 +361,28 @@ mod tests {
         let e = parse(bad, "x.yaml").expect_err("unknown key").to_string();
         assert!(e.contains("scale_groups.cpu.resources"), "{e}");
         assert!(e.contains("rams"), "{e}");
+    }
+
+    #[test]
+    fn task_env_from_the_published_keys() {
+        let c = parse(
+            "defaults:\n  task_env: {A: from-defaults, B: from-defaults, N: 3}\n  worker:\n    task_env: {B: from-worker}\ntask_env: {C: top}\n",
+            "x.yaml",
+        )
+        .expect("parses");
+        let env = c.task_env().expect("task env");
+        assert_eq!(env["A"], "from-defaults");
+        assert_eq!(env["B"], "from-worker");
+        assert_eq!(env["C"], "top");
+        assert_eq!(env["N"], "3");
+        let e = parse("defaults:\n  task_env: {A: [1, 2]}\n", "x.yaml")
+            .expect_err("a list value")
+            .to_string();
+        assert!(e.contains("defaults.task_env.A"), "{e}");
+        let e = parse("defaults:\n  task_env: [A]\n", "x.yaml")
+            .expect_err("not a map")
+            .to_string();
+        assert!(e.contains("defaults.task_env"), "{e}");
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub struct StartArgs {
     /// Run a sample job to completion, print its output, then stop.
     #[arg(long)]
     pub sample: bool,
+    /// The interpreter the local workers run Python-callable jobs with (`IRIS_PYTHON`;
+    /// default: `python3`, else `python`, from PATH).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -93,6 +97,14 @@ pub struct WorkerArgs {
     pub cache_dir: Option<PathBuf>,
     #[arg(long, default_value_t = 600.0)]
     pub heartbeat_timeout: f64,
+    /// The interpreter Python-callable jobs run with when the task has no synced `.venv`
+    /// (`IRIS_PYTHON`; default: `python3`, else `python`, from PATH).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// Default task env KEY=VALUE for every task on this worker (repeatable); the job's env
+    /// overrides it.
+    #[arg(long = "task-env", action = clap::ArgAction::Append)]
+    pub task_env: Vec<String>,
 }
 
 pub fn default_state_dir() -> PathBuf {
@@ -235,7 +247,12 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
         None => config::parse(config::DEFAULT_LOCAL, "embedded default")?,
     };
     let groups = plan_groups(&cfg)?;
-    let state_dir = a.state_dir.clone().unwrap_or_else(default_state_dir);
+    // A cluster started from a config keeps its own state (and recorded address) by name, so
+    // `iris --config FILE ...` reaches the right one of several.
+    let state_dir = a.state_dir.clone().unwrap_or_else(|| match &a.config {
+        Some(p) => crate::target::cluster_state_dir(&crate::target::cluster_name(&cfg, p)),
+        None => default_state_dir(),
+    });
     let mut ccfg = ControllerConfig::local(state_dir.clone());
     ccfg.bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.port));
     ccfg.revision_date = revision_date();
@@ -272,6 +289,7 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     println!("State dir: {}", state_dir.display());
     let dashboard_bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.dashboard_port));
     let dashboard = start_dashboard(&url, dashboard_bind, session).await?;
+    let task_env = cfg.task_env()?;
     let mut workers = Vec::new();
     for g in &groups {
         for i in 0..g.count {
@@ -288,6 +306,8 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
                 scale_group: g.name.clone(),
                 cache_dir: state_dir.join("workers").join(&id),
                 heartbeat_timeout: Duration::from_secs(60),
+                python: a.python.clone(),
+                task_env: task_env.clone(),
             })
             .await?;
             workers.push(w);
@@ -543,7 +563,7 @@ fn kube_settings(
         default_task_image: task_image,
         controller_address: Some(kp.controller_address.clone()),
         service_account: kp.service_account.clone(),
-        task_env: cfg.task_env.clone(),
+        task_env: cfg.task_env()?,
         priority_classes: kp.priority_classes.clone(),
         kueue_topologies: kp.kueue.topologies.clone(),
         deadline_grace_seconds: 0,
@@ -593,7 +613,9 @@ async fn shutdown_signal() {
 pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<i32> {
     let url = match url {
         Some(u) => u,
-        None => recorded_url().context("no controller address: pass --controller-url")?,
+        None => {
+            crate::client::ambient_url().context("no controller address: pass --controller-url")?
+        }
     };
     let device = match &a.device {
         Some(d) => {
@@ -603,10 +625,10 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
                     t.to_string(),
                     v.to_string(),
                     n.parse::<i32>()
-                        .map_err(|_| anyhow::anyhow!("--device {d:?}: count must be a number"))?,
+                        .map_err(|_| anyhow::anyhow!("--device {d}: count must be a number"))?,
                 )),
                 _ => {
-                    anyhow::bail!("--device {d:?}: expected gpu:VARIANT:COUNT or tpu:VARIANT:COUNT")
+                    anyhow::bail!("--device {d}: expected gpu:VARIANT:COUNT or tpu:VARIANT:COUNT")
                 }
             }
         }
@@ -616,8 +638,15 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
     for kv in &a.attributes {
         let (k, v) = kv
             .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--attribute {kv:?}: expected KEY=VALUE"))?;
+            .ok_or_else(|| anyhow::anyhow!("--attribute {kv}: expected KEY=VALUE"))?;
         attributes.push((k.to_string(), v.to_string()));
+    }
+    let mut task_env = std::collections::BTreeMap::new();
+    for kv in &a.task_env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--task-env {kv}: expected KEY=VALUE"))?;
+        task_env.insert(k.to_string(), v.to_string());
     }
     let id = a
         .worker_id
@@ -641,6 +670,8 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
         scale_group: a.scale_group.clone(),
         cache_dir: cache,
         heartbeat_timeout: Duration::from_secs_f64(a.heartbeat_timeout.max(1.0)),
+        python: a.python.clone(),
+        task_env,
     })
     .await?;
     println!("Worker {id} serving at {}", w.addr);

@@ -14,6 +14,8 @@ mod keys;
 mod local;
 mod output;
 mod rollout;
+mod setup_scripts;
+mod target;
 mod workspace;
 
 use clap::{Args, Parser, Subcommand};
@@ -26,9 +28,17 @@ use iris_rpc::RpcError;
     about = "Iris: a workload scheduler for ML research clusters"
 )]
 struct Cli {
-    /// Controller URL (default: $IRIS_CONTROLLER_URL, else the local cluster's recorded address).
-    #[arg(long, global = true, env = "IRIS_CONTROLLER_URL")]
+    /// Controller URL (default: the cluster of --config/--cluster, else $IRIS_CONTROLLER_URL,
+    /// else the local cluster's recorded address).
+    #[arg(long, global = true)]
     controller_url: Option<String>,
+    /// Exact cluster config YAML: talk to the controller it describes (before the command:
+    /// `iris --config FILE job list`).
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// A named cluster: NAME.yaml from the cluster config directories (`iris cluster list`).
+    #[arg(long)]
+    cluster: Option<String>,
     #[arg(short, long, global = true)]
     verbose: bool,
     #[command(subcommand)]
@@ -180,6 +190,15 @@ struct RunArgs {
     /// Do not ship the working directory.
     #[arg(long)]
     no_bundle: bool,
+    /// A uv extra to install in the task's setup (`--extra cpu`; repeatable).
+    #[arg(long = "extra", action = clap::ArgAction::Append)]
+    extras: Vec<String>,
+    /// Scope the setup's `uv sync --all-packages --no-dev` to this workspace member (repeatable).
+    #[arg(long = "sync-package", action = clap::ArgAction::Append)]
+    sync_packages: Vec<String>,
+    /// Skip environment setup entirely: run the command as it is (no uv sync).
+    #[arg(long)]
+    no_sync: bool,
     /// The command, after `--`.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -264,6 +283,8 @@ enum ClusterCmd {
     Start(local::StartArgs),
     /// Show workers and job counts.
     Status,
+    /// List the cluster configs `--cluster NAME` can name.
+    List,
     /// Generate the cluster's Ed25519 signing key; prints `kid:` and the public PEM.
     InitKeys(keys::InitKeysArgs),
     /// Controller daemon commands.
@@ -354,7 +375,22 @@ fn main() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let url = cli.controller_url.clone();
+    // Starting a cluster or listing configs needs no running controller.
+    if let Cmd::Cluster(ClusterCmd::Start(mut a)) = cli.cmd {
+        if a.config.is_none() {
+            a.config = target::selected_config(cli.config.as_deref(), cli.cluster.as_deref())?
+                .map(|(path, _)| path);
+        }
+        return local::start(a).await;
+    }
+    if let Cmd::Cluster(ClusterCmd::List) = cli.cmd {
+        return Ok(cmd::cluster::list());
+    }
+    let url = target::explicit_url(
+        cli.controller_url.clone(),
+        cli.config.as_deref(),
+        cli.cluster.as_deref(),
+    )?;
     match cli.cmd {
         Cmd::Cluster(c) => cmd::cluster::run(c, url).await,
         Cmd::Worker(WorkerCmd::Serve(a)) => local::serve_worker(a, url).await,

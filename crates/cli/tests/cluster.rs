@@ -639,6 +639,78 @@ fn b09_task_environment() {
     }
 }
 
+/// A local cluster from a config in the published layout: `defaults.task_env` reaches worker
+/// tasks under the job's env, and the worker sets the `IRIS_*` variables the reference sets
+/// (the interpreter for callables, resources, setup scripts, region, its real addresses).
+#[test]
+fn b09_cluster_task_env_and_the_reference_iris_variables() {
+    let c = TestCluster::start_local(
+        r#"
+platform: {local: {}}
+defaults:
+  task_env: {CLUSTER_ONLY: from-cluster, SHARED: from-cluster}
+scale_groups:
+  cpu:
+    num_vms: 1
+    resources: {cpu: 8, ram: 16GB, disk: 50GB, device_type: cpu}
+    attributes: {region: us-test}
+"#,
+        1,
+    );
+    let vars = [
+        "CLUSTER_ONLY",
+        "SHARED",
+        "IRIS_PYTHON",
+        "IRIS_TASK_RESOURCES",
+        "IRIS_JOB_SETUP_SCRIPTS",
+        "IRIS_WORKER_REGION",
+        "IRIS_ADVERTISE_HOST",
+        "IRIS_BIND_HOST",
+    ];
+    let script: String = vars
+        .iter()
+        // printf, not echo: dash's echo would expand the `\n` escapes inside the JSON values.
+        .map(|v| format!("printf '%s\\n' \"{v}=${v}\"; "))
+        .collect();
+    c.submit(
+        "tenv",
+        &["-e", "SHARED", "from-job", "--memory", "1GB"],
+        &["sh", "-c", &script],
+    );
+    c.wait_job("/u/tenv", "succeeded");
+    let lines = log_lines(c.iris(&["task", "logs", "/u/tenv/0"]).ok());
+    let get = |k: &str| {
+        lines
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")).map(str::to_string))
+            .unwrap_or_else(|| panic!("{k} missing in {lines:?}"))
+    };
+    assert_eq!(get("CLUSTER_ONLY"), "from-cluster");
+    assert_eq!(
+        get("SHARED"),
+        "from-job",
+        "the job's env wins over the cluster's"
+    );
+    let python = get("IRIS_PYTHON");
+    assert!(
+        std::path::Path::new(&python).is_absolute() && python.contains("python"),
+        "IRIS_PYTHON is a resolved interpreter: {python}"
+    );
+    let res: Value = serde_json::from_str(&get("IRIS_TASK_RESOURCES")).expect("resources JSON");
+    assert_eq!(res["memory_bytes"], "1073741824", "{res}");
+    // Our CLI sends the published CLI's default setup: the workspace's uv sync (skipped on the
+    // worker, as this workspace has no pyproject.toml).
+    let scripts: Vec<String> =
+        serde_json::from_str(&get("IRIS_JOB_SETUP_SCRIPTS")).expect("setup scripts JSON");
+    assert!(
+        scripts.len() == 1 && scripts[0].contains("uv sync"),
+        "{scripts:?}"
+    );
+    assert_eq!(get("IRIS_WORKER_REGION"), "us-test");
+    assert_eq!(get("IRIS_ADVERTISE_HOST"), "127.0.0.1");
+    assert_eq!(get("IRIS_BIND_HOST"), "127.0.0.1");
+}
+
 // ---------------------------------------------------------------------------------------------
 // §11.10
 
@@ -1338,4 +1410,115 @@ fn bad_input_is_refused_with_the_field_named_and_changes_nothing() {
 
     assert_eq!(c.job_count(), 1);
     assert_eq!(job_states(), before);
+}
+
+/// `--cluster NAME` and `--config FILE` choose among several local clusters, each started from
+/// its config and keeping its own state; `cluster list` shows the names `--cluster` takes.
+#[test]
+fn b16_config_and_cluster_choose_among_local_clusters() {
+    let root = tempfile::tempdir().expect("dir");
+    let home = root.path().join("home");
+    let data = root.path().join("data");
+    let configs = home.join(".config/marin/clusters");
+    std::fs::create_dir_all(&configs).expect("config dir");
+    for name in ["alpha", "beta"] {
+        std::fs::write(
+            configs.join(format!("{name}.yaml")),
+            format!(
+                "name: {name}\nplatform: {{local: {{}}}}\ncontroller: {{local: {{port: 0}}}}\n\
+                 scale_groups:\n  cpu:\n    num_vms: 1\n    resources: {{cpu: 2, ram: 4GB, disk: 10GB, device_type: cpu}}\n"
+            ),
+        )
+        .expect("config");
+    }
+    let env: [(&str, &std::path::Path); 2] = [("HOME", &home), ("XDG_DATA_HOME", &data)];
+    let beta_file = configs.join("beta.yaml");
+    let beta = beta_file.to_str().expect("utf-8 path");
+    let _alpha = Daemon::spawn(
+        root.path(),
+        &env,
+        &["--cluster", "alpha", "cluster", "start", "--local"],
+        &root.path().join("alpha.log"),
+    );
+    let _beta = Daemon::spawn(
+        root.path(),
+        &env,
+        &["--config", beta, "cluster", "start", "--local"],
+        &root.path().join("beta.log"),
+    );
+    for sel in [["--cluster", "alpha"], ["--config", beta]] {
+        wait_until(STARTUP, "the local cluster to answer", || {
+            let o = iris_in(
+                root.path(),
+                &env,
+                &[sel[0], sel[1], "rpc", "controller", "list-workers"],
+            );
+            o.code == 0 && o.stdout.contains("workerId")
+        });
+    }
+    // Each cluster keeps its state under its own name.
+    for name in ["alpha", "beta"] {
+        assert!(data
+            .join("iris/clusters")
+            .join(name)
+            .join("controller.url")
+            .is_file());
+    }
+    let o = iris_in(
+        root.path(),
+        &env,
+        &[
+            "--cluster",
+            "alpha",
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "u",
+            "--job-name",
+            "only-alpha",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(o.ok().trim(), "/u/only-alpha");
+    let listed = |sel: [&str; 2]| {
+        iris_in(root.path(), &env, &[sel[0], sel[1], "job", "list"])
+            .ok()
+            .to_string()
+    };
+    assert!(listed(["--cluster", "alpha"]).contains("/u/only-alpha"));
+    assert!(!listed(["--config", beta]).contains("/u/only-alpha"));
+    assert!(!listed(["--cluster", "beta"]).contains("/u/only-alpha"));
+
+    let o = iris_in(root.path(), &env, &["cluster", "list"]);
+    let out = o.ok();
+    assert!(out.starts_with("Available clusters:"), "{out}");
+    for name in ["alpha", "beta"] {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().next() == Some(name) && l.contains(".yaml")),
+            "{out}"
+        );
+    }
+    let o = iris_in(root.path(), &env, &["--cluster", "gamma", "job", "list"]);
+    let err = o.err();
+    assert!(
+        err.contains("unknown cluster gamma") && err.contains("iris cluster list"),
+        "{err}"
+    );
+    let o = iris_in(
+        root.path(),
+        &env,
+        &[
+            "--controller-url",
+            "http://127.0.0.1:1",
+            "--config",
+            beta,
+            "job",
+            "list",
+        ],
+    );
+    assert!(o.err().contains("not both"), "{}", o.stderr);
 }

@@ -5,7 +5,8 @@
 //! controller is lost) lives here too.
 
 use crate::logs::{now_ms, LogShipper};
-use crate::{bundle, lock, Attempt, Inner};
+use crate::task_env::{task_environment, WorkerSide};
+use crate::{bundle, levels, lock, setup, Attempt, Inner};
 use anyhow::Context;
 use iris_proto::finelog::logging as fl;
 use iris_proto::job;
@@ -168,164 +169,108 @@ async fn execute(
     let Some((prog, args)) = argv.split_first() else {
         anyhow::bail!("empty command");
     };
-    let job_id = run
-        .task_id
-        .rsplit_once('/')
-        .map(|x| x.0)
-        .unwrap_or(&run.task_id)
-        .to_string();
-    let env_vars = run
-        .environment
-        .as_ref()
-        .map(|e| e.env_vars.clone())
-        .unwrap_or_default();
-    let mut cmd = tokio::process::Command::new(prog);
-    cmd.args(args)
-        .current_dir(dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let url = inner.cfg.controller_url.clone();
-    let iris_env: Vec<(String, String)> = vec![
-        (
-            "IRIS_TASK_ID".into(),
-            format!("{}:{}", run.task_id, run.attempt_id),
-        ),
-        ("IRIS_ATTEMPT_UID".into(), run.attempt_uid.clone()),
-        ("IRIS_NUM_TASKS".into(), run.num_tasks.to_string()),
-        ("IRIS_JOB_ID".into(), job_id),
-        ("IRIS_WORKER_ID".into(), inner.cfg.worker_id.clone()),
-        ("IRIS_ADVERTISE_HOST".into(), "127.0.0.1".into()),
-        ("IRIS_BIND_HOST".into(), "127.0.0.1".into()),
-        ("IRIS_CONTROLLER_ADDRESS".into(), url.clone()),
-        ("IRIS_CONTROLLER_URL".into(), url),
-        ("IRIS_BUNDLE_ID".into(), run.bundle_id.clone()),
-        ("IRIS_WORKDIR".into(), dir.display().to_string()),
-        (
-            "IRIS_JOB_ENV".into(),
-            serde_json::to_string(&env_vars).unwrap_or_else(|_| "{}".into()),
-        ),
-    ];
-    for (k, v) in &iris_env {
-        cmd.env(k, v);
-    }
-    for p in &run.ports {
-        cmd.env(
-            format!("IRIS_PORT_{}", p.to_ascii_uppercase().replace('-', "_")),
-            free_port().to_string(),
-        );
-    }
-    for (k, v) in &env_vars {
-        cmd.env(k, v);
-    }
-    cmd.env("IRIS_ATTEMPT_UID", &run.attempt_uid);
-    if !run.task_token.is_empty() {
-        // Forced back after the job's env, like the attempt uid: the task acts with its own token.
-        cmd.env("IRIS_TASK_TOKEN", &run.task_token);
-    }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return Ok((TaskState::Failed, -1, format!("cannot start {prog:?}: {e}"))),
+    let venv = dir.join(".venv");
+    let mut side = WorkerSide {
+        worker_id: inner.cfg.worker_id.clone(),
+        controller_url: inner.cfg.controller_url.clone(),
+        advertise_host: inner.advertise_host.clone(),
+        bind_host: inner.cfg.bind.ip().to_string(),
+        workdir: dir.display().to_string(),
+        venv: venv.display().to_string(),
+        python: inner.python.clone(),
+        region: inner
+            .cfg
+            .attributes
+            .iter()
+            .find(|(k, _)| k == "region")
+            .map(|(_, v)| v.clone()),
+        task_env: inner.cfg.task_env.clone(),
+        ports: run.ports.iter().map(|p| (p.clone(), free_port())).collect(),
     };
-    let pgid = child.id().map(|p| p as i32);
-    let mut stop_now = false;
-    set_state(inner, uid, |a| {
-        a.pgid = pgid;
-        a.state = TaskState::Running;
-        stop_now = a.stop_requested;
-    });
-    if stop_now {
-        if let Some(pg) = pgid {
-            kill_group(pg);
+
+    // Setup phase (BUILDING): each setup command in its own bash, in the workdir, with the
+    // task's environment; the venv they populate is `$IRIS_VENV`.
+    let commands = run
+        .entrypoint
+        .as_ref()
+        .map(|e| e.setup_commands.clone())
+        .unwrap_or_default();
+    let steps = match setup::plan(
+        &commands,
+        dir.join("pyproject.toml").is_file(),
+        venv.is_dir(),
+        on_path("uv"),
+    ) {
+        Ok(s) => s,
+        Err(why) => return Ok((TaskState::Failed, -1, why)),
+    };
+    let total = steps.len();
+    for (i, step) in steps.into_iter().enumerate() {
+        let script = match step {
+            setup::Step::Skip(notice) => {
+                if let Some(message) = notice {
+                    push_line(logs, run.attempt_id, Stream::Build, message);
+                }
+                continue;
+            }
+            setup::Step::Run(script) => script,
+        };
+        push_line(
+            logs,
+            run.attempt_id,
+            Stream::Build,
+            format!("[iris setup] step {}/{total}", i + 1),
+        );
+        let file = dir.join(format!("_iris_setup_step_{}.sh", i + 1));
+        std::fs::write(&file, &script).context("writing a setup step")?;
+        let mut env = task_environment(run, &side);
+        if let Some(home) = &inner.python_home {
+            let path = search_path(&env, None, Some(home));
+            env.insert("PATH".into(), path);
+        }
+        let mut cmd = tokio::process::Command::new("bash");
+        cmd.arg(&file).envs(env);
+        let (status, last) = match supervise(inner, uid, cmd, dir, logs, run, false).await? {
+            Supervised::Exited(s, last) => (s, last),
+            Supervised::NotStarted(e) => {
+                return Ok((TaskState::Failed, -1, format!("cannot start setup: {e}")))
+            }
+        };
+        if let Some(ended) = stopped_outcome(inner, uid, &status) {
+            return Ok(ended);
+        }
+        if !status.success() {
+            let code = status.code().unwrap_or(-1);
+            let mut error = format!("setup step {}/{total} failed with exit code {code}", i + 1);
+            if !last.is_empty() {
+                error.push_str(": ");
+                error.push_str(&last);
+            }
+            return Ok((TaskState::Failed, code, error));
         }
     }
-    poke_controller(inner).await;
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let (ltx, mut lrx) = tokio::sync::mpsc::channel::<(bool, String)>(1024);
-    if let Some(out) = stdout {
-        let t = ltx.clone();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(out).lines();
-            while let Ok(Some(l)) = lines.next_line().await {
-                if t.send((false, l)).await.is_err() {
-                    break;
-                }
-            }
-        });
+
+    // Run phase (RUNNING): the synced venv, when setup left one, is active and runs callables.
+    let venv_bin = venv.join("bin");
+    if venv_bin.join("python").is_file() {
+        side.python = venv_bin.join("python").display().to_string();
     }
-    if let Some(err) = stderr {
-        let t = ltx.clone();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(err).lines();
-            while let Ok(Some(l)) = lines.next_line().await {
-                if t.send((true, l)).await.is_err() {
-                    break;
-                }
-            }
-        });
+    let mut env = task_environment(run, &side);
+    if venv_bin.join("activate").is_file() {
+        let path = search_path(&env, Some(&venv_bin), None);
+        env.insert("PATH".into(), path);
+        env.insert("VIRTUAL_ENV".into(), venv.display().to_string());
     }
-    drop(ltx);
-    let mut last_stderr = String::new();
-    let mut last_flush = Instant::now();
-    loop {
-        let next = tokio::time::timeout(Duration::from_millis(200), lrx.recv()).await;
-        match next {
-            Ok(Some((is_err, line))) => {
-                if is_err {
-                    last_stderr = line.clone();
-                }
-                logs.buf.push(fl::LogEntry {
-                    timestamp: Some(fl::Timestamp { epoch_ms: now_ms() }),
-                    source: if is_err {
-                        "stderr".into()
-                    } else {
-                        "stdout".into()
-                    },
-                    data: line,
-                    attempt_id: run.attempt_id,
-                    level: if is_err { 4 } else { 2 },
-                    key: String::new(),
-                    seq: logs.next_seq,
-                });
-                logs.next_seq += 1;
-                if logs.buf.len() >= 500 || last_flush.elapsed() > Duration::from_millis(300) {
-                    logs.flush(inner).await;
-                    last_flush = Instant::now();
-                }
-            }
-            Ok(None) => break,
-            Err(_) => {
-                logs.flush(inner).await;
-                last_flush = Instant::now();
-            }
+    let mut cmd = tokio::process::Command::new(prog);
+    cmd.args(args).envs(env);
+    let (status, last_stderr) = match supervise(inner, uid, cmd, dir, logs, run, true).await? {
+        Supervised::Exited(s, last) => (s, last),
+        Supervised::NotStarted(e) => {
+            return Ok((TaskState::Failed, -1, format!("cannot start {prog}: {e}")))
         }
-    }
-    let status = child.wait().await.context("waiting for task process")?;
-    // Reap any grandchildren left in the group.
-    if let Some(pg) = pgid {
-        kill_group(pg);
-    }
-    let (stopped, abandoned) = lock(&inner.attempts)
-        .get(uid)
-        .map(|a| (a.stop_requested, a.abandoned))
-        .unwrap_or((false, false));
-    if abandoned {
-        return Ok((
-            TaskState::WorkerFailed,
-            status.code().unwrap_or(-1),
-            "Killed by the worker: no reconcile from the controller within the heartbeat timeout"
-                .into(),
-        ));
-    }
-    if stopped {
-        return Ok((
-            TaskState::Killed,
-            status.code().unwrap_or(-1),
-            "Stopped by controller".into(),
-        ));
+    };
+    if let Some(ended) = stopped_outcome(inner, uid, &status) {
+        return Ok(ended);
     }
     use std::os::unix::process::ExitStatusExt;
     let (code, mut error) = match (status.code(), status.signal()) {
@@ -347,4 +292,199 @@ async fn execute(
         error.push_str(&last_stderr);
     }
     Ok((TaskState::Failed, code, error))
+}
+
+/// Which stream a captured line came from.
+#[derive(Clone, Copy)]
+enum Stream {
+    Stdout,
+    Stderr,
+    /// The setup phase's output (both streams): the reference's `build` source, whose lines
+    /// carry their own prefix level or none (UNKNOWN passes every level filter).
+    Build,
+}
+
+fn push_line(logs: &mut LogShipper, attempt_id: i32, stream: Stream, line: String) {
+    let (source, level) = match stream {
+        Stream::Stdout => ("stdout", levels::classify(false, &line)),
+        Stream::Stderr => ("stderr", levels::classify(true, &line)),
+        Stream::Build => ("build", levels::classify_build(&line)),
+    };
+    logs.buf.push(fl::LogEntry {
+        timestamp: Some(fl::Timestamp { epoch_ms: now_ms() }),
+        source: source.into(),
+        data: line,
+        attempt_id,
+        level,
+        key: String::new(),
+        seq: logs.next_seq,
+    });
+    logs.next_seq += 1;
+}
+
+/// The task's `PATH` (its job's, else the worker's) with `first` put before it and `last` after.
+fn search_path(
+    env: &std::collections::BTreeMap<String, String>,
+    first: Option<&std::path::Path>,
+    last: Option<&std::path::Path>,
+) -> String {
+    let base = env
+        .get("PATH")
+        .map(std::ffi::OsString::from)
+        .or_else(|| std::env::var_os("PATH"))
+        .unwrap_or_default();
+    let dirs = first
+        .map(std::path::Path::to_path_buf)
+        .into_iter()
+        .chain(std::env::split_paths(&base))
+        .chain(last.map(std::path::Path::to_path_buf));
+    std::env::join_paths(dirs)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| base.to_string_lossy().into_owned())
+}
+
+/// Whether `name` is an executable file in a directory of the worker's `PATH`.
+fn on_path(name: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|d| d.join(name).is_file())
+}
+
+enum Supervised {
+    Exited(std::process::ExitStatus, String),
+    NotStarted(std::io::Error),
+}
+
+/// Starts `cmd` in `dir` in its own process group (recorded so a stop kills it), ships its
+/// output line by line, and waits for it; returns its status and its last stderr line. With
+/// `running`, the attempt is reported RUNNING once the process has started.
+async fn supervise(
+    inner: &Arc<Inner>,
+    uid: &str,
+    mut cmd: tokio::process::Command,
+    dir: &std::path::Path,
+    logs: &mut LogShipper,
+    run: &job::RunTaskRequest,
+    running: bool,
+) -> anyhow::Result<Supervised> {
+    cmd.current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Ok(Supervised::NotStarted(e)),
+    };
+    let pgid = child.id().map(|p| p as i32);
+    let mut stop_now = false;
+    set_state(inner, uid, |a| {
+        a.pgid = pgid;
+        if running {
+            a.state = TaskState::Running;
+        }
+        stop_now = a.stop_requested;
+    });
+    if stop_now {
+        if let Some(pg) = pgid {
+            kill_group(pg);
+        }
+    }
+    if running {
+        poke_controller(inner).await;
+    }
+    let (ltx, mut lrx) = tokio::sync::mpsc::channel::<(bool, String)>(1024);
+    let readers: [(bool, Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>); 2] = [
+        (
+            false,
+            child
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        ),
+        (
+            true,
+            child
+                .stderr
+                .take()
+                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        ),
+    ];
+    for (is_err, reader) in readers {
+        let Some(reader) = reader else { continue };
+        let t = ltx.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(reader).lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                if t.send((is_err, l)).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(ltx);
+    let mut last_stderr = String::new();
+    let mut last_flush = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(200), lrx.recv()).await {
+            Ok(Some((is_err, line))) => {
+                if is_err {
+                    last_stderr = line.clone();
+                }
+                let stream = match (running, is_err) {
+                    (false, _) => Stream::Build,
+                    (true, false) => Stream::Stdout,
+                    (true, true) => Stream::Stderr,
+                };
+                push_line(logs, run.attempt_id, stream, line);
+                if logs.buf.len() >= 500 || last_flush.elapsed() > Duration::from_millis(300) {
+                    logs.flush(inner).await;
+                    last_flush = Instant::now();
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                logs.flush(inner).await;
+                last_flush = Instant::now();
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .await
+        .context("waiting for the task's process")?;
+    // Reap any grandchildren left in the group.
+    if let Some(pg) = pgid {
+        kill_group(pg);
+    }
+    set_state(inner, uid, |a| a.pgid = None);
+    Ok(Supervised::Exited(status, last_stderr))
+}
+
+/// The final outcome when the process ended because the worker or the controller stopped it.
+fn stopped_outcome(
+    inner: &Inner,
+    uid: &str,
+    status: &std::process::ExitStatus,
+) -> Option<(TaskState, i32, String)> {
+    let (stopped, abandoned) = lock(&inner.attempts)
+        .get(uid)
+        .map(|a| (a.stop_requested, a.abandoned))
+        .unwrap_or((false, false));
+    if abandoned {
+        return Some((
+            TaskState::WorkerFailed,
+            status.code().unwrap_or(-1),
+            "Killed by the worker: no reconcile from the controller within the heartbeat timeout"
+                .into(),
+        ));
+    }
+    if stopped {
+        return Some((
+            TaskState::Killed,
+            status.code().unwrap_or(-1),
+            "Stopped by controller".into(),
+        ));
+    }
+    None
 }

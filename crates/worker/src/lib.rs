@@ -12,15 +12,18 @@
 
 mod attempt;
 pub mod bundle;
+pub mod levels;
 mod logs;
 mod registration;
 mod service;
+mod setup;
+pub mod task_env;
 
 use anyhow::Context;
 use axum::routing::post;
 use axum::Router;
 use iris_types::TaskState;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,6 +45,11 @@ pub struct WorkerConfig {
     pub cache_dir: PathBuf,
     /// Without a reconcile for this long the worker kills its tasks and re-registers.
     pub heartbeat_timeout: Duration,
+    /// The interpreter callable entrypoints run with (`IRIS_PYTHON`) when the task's workdir
+    /// has no synced `.venv`; unset: `python3` (else `python`) from `PATH`.
+    pub python: Option<PathBuf>,
+    /// Cluster-wide task env defaults (`defaults.task_env`); the job's env overrides them.
+    pub task_env: BTreeMap<String, String>,
 }
 
 #[derive(Debug)]
@@ -59,6 +67,14 @@ struct Attempt {
 
 struct Inner {
     cfg: WorkerConfig,
+    /// The host other tasks and users reach this worker's tasks on (`IRIS_ADVERTISE_HOST`).
+    advertise_host: String,
+    /// `IRIS_PYTHON` for tasks without their own venv.
+    python: String,
+    /// When that interpreter lives in a virtualenv, the directory of the interpreter it was made
+    /// from: uv builds a task's venv only from a non-virtualenv ("system") interpreter, so the
+    /// setup phase finds this one on its `PATH`.
+    python_home: Option<PathBuf>,
     attempts: Mutex<HashMap<String, Attempt>>,
     last_reconcile: Mutex<Instant>,
     http: reqwest::Client,
@@ -97,12 +113,18 @@ pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
         .await
         .with_context(|| format!("binding worker to {}", cfg.bind))?;
     let addr = listener.local_addr()?;
+    let advertise_host = advertise_host(addr.ip());
+    let python = resolve_python(cfg.python.as_deref());
+    let python_home = venv_home(std::path::Path::new(&python));
     // With auth on, the worker presents its token (minted with `iris user token mint
     // system:worker --role worker`) on Register and PushLogs.
     let rpc = iris_rpc::Client::new(&cfg.controller_url)
         .map_err(|e| anyhow::anyhow!(e.message))?
         .with_token(std::env::var("IRIS_WORKER_TOKEN").ok());
     let inner = Arc::new(Inner {
+        advertise_host,
+        python,
+        python_home,
         attempts: Mutex::new(HashMap::new()),
         last_reconcile: Mutex::new(Instant::now()),
         http: reqwest::Client::new(),
@@ -121,12 +143,72 @@ pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
             })
             .await;
     });
-    let reg = tokio::spawn(registration::registration_loop(inner.clone(), addr, rx));
+    let advertised = SocketAddr::new(
+        inner
+            .advertise_host
+            .parse()
+            .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into()),
+        addr.port(),
+    );
+    let reg = tokio::spawn(registration::registration_loop(
+        inner.clone(),
+        advertised,
+        rx,
+    ));
     Ok(RunningWorker {
         addr,
         worker_id: inner.cfg.worker_id.clone(),
         inner,
         shutdown: tx,
         tasks: vec![server, reg],
+    })
+}
+
+/// The address this worker's tasks are reached on: the bind address, or for a wildcard bind the
+/// address of the interface the default route leaves by (a UDP `connect` sends nothing), as the
+/// reference probes it; loopback when there is no route.
+fn advertise_host(bind: std::net::IpAddr) -> String {
+    if !bind.is_unspecified() {
+        return bind.to_string();
+    }
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| {
+            s.connect("8.8.8.8:80")?;
+            s.local_addr()
+        })
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|_| "127.0.0.1".into())
+}
+
+/// The interpreter for `IRIS_PYTHON`: the configured one, else `python3` or `python` on `PATH`,
+/// else the bare name `python` (the reference's default), with a warning, since callable jobs
+/// will then fail to start.
+fn resolve_python(configured: Option<&std::path::Path>) -> String {
+    if let Some(p) = configured {
+        return p.display().to_string();
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for name in ["python3", "python"] {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join(name);
+            if p.is_file() {
+                return p.display().to_string();
+            }
+        }
+    }
+    tracing::warn!(
+        "no python3 or python on PATH: jobs submitted as Python callables will not start \
+         (pass the worker an interpreter with --python)"
+    );
+    "python".into()
+}
+
+/// The `home` of the virtualenv `python` belongs to (from its `pyvenv.cfg`), if it is in one.
+fn venv_home(python: &std::path::Path) -> Option<PathBuf> {
+    let cfg = python.parent()?.parent()?.join("pyvenv.cfg");
+    let text = std::fs::read_to_string(cfg).ok()?;
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "home").then(|| PathBuf::from(v.trim()))
     })
 }

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn metadata(cfg: &WorkerConfig) -> job::WorkerMetadata {
+fn metadata(cfg: &WorkerConfig, ip_address: &str) -> job::WorkerMetadata {
     use job::device_config::Device;
     let device = match &cfg.device {
         Some((t, v, n)) if t == "gpu" => Device::Gpu(job::GpuDevice {
@@ -39,7 +39,7 @@ fn metadata(cfg: &WorkerConfig) -> job::WorkerMetadata {
         .collect();
     job::WorkerMetadata {
         hostname: "localhost".into(),
-        ip_address: "127.0.0.1".into(),
+        ip_address: ip_address.to_string(),
         cpu_count: cfg.cpu_count,
         memory_bytes: cfg.memory_bytes,
         disk_bytes: cfg.disk_bytes,
@@ -66,7 +66,7 @@ fn metadata(cfg: &WorkerConfig) -> job::WorkerMetadata {
 async fn register_once(inner: &Inner, addr: SocketAddr) -> bool {
     let req = c::RegisterRequest {
         address: addr.to_string(),
-        metadata: Some(metadata(&inner.cfg)),
+        metadata: Some(metadata(&inner.cfg, &inner.advertise_host)),
         worker_id: inner.cfg.worker_id.clone(),
         slice_id: String::new(),
         scale_group: inner.cfg.scale_group.clone(),

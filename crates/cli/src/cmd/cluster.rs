@@ -6,9 +6,24 @@ use crate::client::{call, controller_client};
 use crate::{keys, local, output, rollout, ClusterCmd, ControllerCmd};
 use iris_proto::cluster::controller as c;
 
+/// `iris cluster list`: the configs `--cluster NAME` resolves, by name.
+pub(crate) fn list() -> i32 {
+    let configs = crate::target::list_configs(&crate::target::config_dirs());
+    if configs.is_empty() {
+        println!("No cluster configurations found.");
+        return 0;
+    }
+    println!("Available clusters:");
+    for (name, path) in &configs {
+        println!("  {name:30} {}", path.display());
+    }
+    0
+}
+
 pub(crate) async fn run(cmd: ClusterCmd, url: Option<String>) -> anyhow::Result<i32> {
     match cmd {
         ClusterCmd::Start(a) => local::start(a).await,
+        ClusterCmd::List => Ok(list()),
         ClusterCmd::Controller(ControllerCmd::Serve(a)) => local::serve_controller(a).await,
         ClusterCmd::Controller(ControllerCmd::Checkpoint) => {
             rollout::checkpoint(&controller_client(&url)?).await

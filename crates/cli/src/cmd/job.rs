@@ -213,10 +213,12 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     let coscheduling = a.group_by.as_ref().map(|g| job::CoschedulingConfig {
         group_by: g.clone(),
     });
+    let (setup_scripts, setup_commands) =
+        crate::setup_scripts::for_submission(a.no_sync, &a.extras, &a.sync_packages)?;
     Ok(c::LaunchJobRequest {
         name: full,
         entrypoint: Some(job::RuntimeEntrypoint {
-            setup_commands: Vec::new(),
+            setup_commands,
             run_command: Some(job::CommandEntrypoint {
                 argv: a.command.clone(),
             }),
@@ -232,7 +234,7 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         environment: Some(job::EnvironmentConfig {
             env_vars,
             secrets: Default::default(),
-            setup_scripts: Vec::new(),
+            setup_scripts,
         }),
         replicas: a.replicas as i32,
         max_retries_failure: a.max_retries as i32,

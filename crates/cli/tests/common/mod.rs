@@ -269,6 +269,50 @@ impl TestCluster {
             .stderr(log)
             .spawn()
             .expect("spawn controller");
+        let mut tc = TestCluster::attach(root, state_dir, ws, child, controller_args);
+        let ids: Vec<String> = workers.iter().map(|w| tc.spawn_worker(w)).collect();
+        tc.wait_workers(&ids);
+        tc
+    }
+
+    /// `iris cluster start --local --config <config_yaml>`: the controller and the config's
+    /// local workers in one process, as a user starts them; waits until `workers` are healthy.
+    /// (Restarting it is not supported.)
+    pub fn start_local(config_yaml: &str, workers: usize) -> TestCluster {
+        let root = tempfile::Builder::new()
+            .prefix("iris-it-")
+            .tempdir()
+            .expect("temp dir");
+        let state_dir = root.path().join("state");
+        let ws = root.path().join("ws");
+        std::fs::create_dir_all(&ws).expect("ws dir");
+        let cfg = root.path().join("cluster.yaml");
+        std::fs::write(&cfg, config_yaml).expect("config");
+        let log = std::fs::File::create(root.path().join("controller.log")).expect("log file");
+        let child = base_cmd(root.path())
+            .args(["cluster", "start", "--local", "--config"])
+            .arg(&cfg)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn local cluster");
+        let tc = TestCluster::attach(root, state_dir, ws, child, Vec::new());
+        wait_until(STARTUP, "the local workers to register", || {
+            tc.listed_workers().len() == workers
+        });
+        tc
+    }
+
+    /// Waits for a just-spawned controller process to record its address and answer.
+    fn attach(
+        root: tempfile::TempDir,
+        state_dir: PathBuf,
+        ws: PathBuf,
+        child: Child,
+        controller_args: Vec<String>,
+    ) -> TestCluster {
         let mut tc = TestCluster {
             root,
             state_dir,
@@ -301,8 +345,6 @@ impl TestCluster {
         wait_until(STARTUP, "controller to answer list-workers", || {
             tc.iris(&["rpc", "controller", "list-workers"]).code == 0
         });
-        let ids: Vec<String> = workers.iter().map(|w| tc.spawn_worker(w)).collect();
-        tc.wait_workers(&ids);
         tc
     }
 
@@ -872,4 +914,44 @@ pub fn http_post_json_with(
         .map(|x| x.1.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// An `iris` process a test starts by hand (e.g. `cluster start --local` with its own
+/// environment); stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Daemon(Proc);
+
+impl Daemon {
+    /// Starts `iris <args>` in `cwd` with `envs` set, its output to `log`.
+    pub fn spawn(cwd: &Path, envs: &[(&str, &Path)], args: &[&str], log: &Path) -> Daemon {
+        let log = std::fs::File::create(log).expect("log file");
+        let mut cmd = base_cmd(cwd);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .args(args)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn iris");
+        Daemon(Proc {
+            name: args.join(" "),
+            child,
+        })
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        stop(&mut self.0);
+    }
+}
+
+/// Runs `iris <args>` in `cwd` with `envs` set (and no ambient controller address).
+pub fn iris_in(cwd: &Path, envs: &[(&str, &Path)], args: &[&str]) -> Out {
+    let mut cmd = base_cmd(cwd);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    Out::from(cmd.args(args).output().expect("run iris"))
 }
