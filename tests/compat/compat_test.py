@@ -588,6 +588,65 @@ def job_run_extra_syncs_the_workspace_before_the_command():
     assert "skipped" in out and "no pyproject.toml" in out and "sync-none-ran" in out, out
 
 
+@step
+def secrets_reach_the_task_as_files_and_are_shown_nowhere():
+    """`--secret NAME env:VAR` from the published CLI and from ours: the task reads the value
+    from `$RIGGING_SECRETS_DIR/NAME` (it prints only a digest); `job describe`, the job's
+    status, the logs and `query` never show the value, and the secrets table is not queryable."""
+    import hashlib
+
+    ours = str(Path(__file__).resolve().parents[2] / "target" / "debug" / "iris")
+    for label, cli in [("published", ARGS.iris), ("ours", ours)]:
+        value = f"compat-secret-{label}-{RUN_ID}"
+        tag = f"secret-{label}"
+        script = 'printf "digest=%s mode=%s\\n" "$(sha256sum < "$RIGGING_SECRETS_DIR/SERVICE_KEY" | cut -c1-16)" "$(stat -c %a "$RIGGING_SECRETS_DIR/SERVICE_KEY")"'
+        proc = subprocess.run(
+            [cli, "--controller-url", ARGS.controller_url, "job", "run", "--no-wait", "--job-name", name(tag),
+             "--secret", "SERVICE_KEY", "env:COMPAT_SECRET_VALUE", "--", "sh", "-c", script],
+            cwd=WORKSPACE, env=dict(os.environ, IRIS_USER=USER, COMPAT_SECRET_VALUE=value),
+            capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, f"{label}: {proc.stderr}"
+        wait_until(f"{label}: the secret job to finish", lambda: api_job_state(job_id(tag)) in ("succeeded", "failed"))
+        logs = ok(iris("job", "logs", job_id(tag), "--no-tail")).out
+        digest = hashlib.sha256(value.encode()).hexdigest()[:16]
+        assert f"digest={digest} mode=400" in logs, f"{label}:\n{logs}"
+        shown = [
+            ok(iris("job", "describe", job_id(tag))).out,
+            ok(iris("rpc", "controller", "get-job-status", "--json", '{"job_id": "%s"}' % job_id(tag))).out,
+            logs,
+            ok(iris("query", f"SELECT * FROM job_config WHERE job_id = '{job_id(tag)}'", "-f", "csv")).out,
+            ok(iris("query", "SELECT * FROM jobs", "-f", "csv")).out,
+        ]
+        for text in shown:
+            assert value not in text, f"{label}: the secret's value was shown:\n{text}"
+    r = iris("query", "SELECT * FROM job_secrets")
+    assert r.rc != 0, r.describe()
+
+
+@step
+def every_published_config_passes_our_dry_run():
+    """Each config the published package ships loads in our controller (`--dry-run`); a
+    misspelt key is refused with its path and the closest valid key."""
+    import iris
+
+    ours = str(Path(__file__).resolve().parents[2] / "target" / "debug" / "iris")
+    config_dir = Path(iris.__file__).parent / "config"
+    configs = sorted([*config_dir.glob("*.yaml"), *config_dir.glob("examples/*.yaml")])
+    assert len(configs) >= 10, configs
+    for cfg in configs:
+        proc = subprocess.run([ours, "cluster", "controller", "serve", "--config", str(cfg), "--dry-run"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "OK: the config is valid" in proc.stdout, f"{cfg.name}:\n{proc.stdout}\n{proc.stderr}"
+        assert "Scale groups:" in proc.stdout, f"{cfg.name}:\n{proc.stdout}"
+    with tempfile.TemporaryDirectory() as d:
+        bad = Path(d, "bad.yaml")
+        bad.write_text((config_dir / "examples" / "coreweave.yaml").read_text().replace("scale_groups:", "scale_group:", 1))
+        proc = subprocess.run([ours, "cluster", "controller", "serve", "--config", str(bad), "--dry-run"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "did you mean `scale_groups`?" in proc.stderr, proc.stderr
+
+
 # --------------------------------------------------------------------------------------------
 
 

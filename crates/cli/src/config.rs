@@ -31,6 +31,33 @@ pub struct ClusterConfig {
     pub peers: BTreeMap<String, PeerSection>,
     #[serde(default)]
     pub scale_groups: BTreeMap<String, ScaleGroup>,
+    // Published keys this controller accepts; those it does not act on are named by
+    // [`ClusterConfig::warnings`].
+    #[serde(default)]
+    pub dashboard_url: Option<String>,
+    #[serde(default)]
+    pub finelog: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub endpoints: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub task_outputs: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub user_budget_defaults: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub user_budgets: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub federation_public_parent: Option<String>,
+    #[serde(default)]
+    pub budget_parent: Option<String>,
+    #[serde(default)]
+    pub budget_peers: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub tpu_pools: Option<serde_yaml::Value>,
+    /// Infrastructure-as-code settings, owned by the provisioning tools (the reference does not
+    /// read them either).
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub provisioning: Option<serde_yaml::Value>,
 }
 
 /// `kubernetes_provider`: run tasks as Pods admitted by Kueue instead of on worker daemons.
@@ -156,6 +183,62 @@ impl ClusterConfig {
             .filter(|s| !s.trim().is_empty())
     }
 
+    /// One line per published key this config sets that this controller accepts but does not
+    /// act on, naming the key and why.
+    pub fn warnings(&self) -> Vec<String> {
+        let set = |v: &Option<serde_yaml::Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        let text = |v: &Option<String>| v.as_ref().is_some_and(|v| !v.trim().is_empty());
+        let mut out = Vec::new();
+        let mut warn = |on: bool, key: &str, why: &str| {
+            if on {
+                out.push(format!(
+                    "config key `{key}` is accepted but not acted on: {why}"
+                ));
+            }
+        };
+        warn(
+            text(&self.dashboard_url),
+            "dashboard_url",
+            "job links use the address the dashboard is served on",
+        );
+        warn(
+            set(&self.finelog),
+            "finelog",
+            "this controller serves task logs itself (`/system/log-server` is the controller)",
+        );
+        warn(
+            set(&self.endpoints),
+            "endpoints",
+            "there is no endpoint registry yet",
+        );
+        warn(
+            set(&self.task_outputs),
+            "task_outputs",
+            "task outputs are not uploaded",
+        );
+        warn(
+            set(&self.user_budget_defaults) || set(&self.user_budgets),
+            "user_budget_defaults / user_budgets",
+            "budgets are set with `iris user budget set`",
+        );
+        warn(
+            text(&self.federation_public_parent),
+            "federation_public_parent",
+            "capability URLs are not relayed through a parent",
+        );
+        warn(
+            text(&self.budget_parent) || set(&self.budget_peers),
+            "budget_parent / budget_peers",
+            "budgets are not shared between federated clusters",
+        );
+        warn(
+            set(&self.tpu_pools),
+            "tpu_pools",
+            "TPU pools are provisioned on GCP, which this controller does not drive",
+        );
+        out
+    }
+
     /// The env every task starts with unless its job sets the same key: the published
     /// `defaults.task_env`, under `defaults.worker.task_env` (a worker's own entry wins, as the
     /// reference propagates it), and our older top-level `task_env` over both.
@@ -217,6 +300,18 @@ pub struct ScaleGroup {
     pub attributes: BTreeMap<String, serde_yaml::Value>,
     #[serde(default)]
     pub zones: Option<serde_yaml::Value>,
+    // Autoscaler settings of the published schema, accepted; local groups start their slices
+    // at once.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub scale_up_rate_limit: Option<u32>,
+    #[serde(default)]
+    pub scale_down_rate_limit: Option<u32>,
+    #[serde(default)]
+    pub quota_pool: Option<String>,
+    #[serde(default)]
+    pub allocation_tier: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, Default, Clone)]
@@ -229,6 +324,9 @@ pub struct WorkerSection {
     pub image: Option<String>,
     #[serde(default)]
     pub env: Option<serde_yaml::Value>,
+    /// The worker's cache directory on the VM (local workers use the state dir).
+    #[serde(default)]
+    pub cache_dir: Option<String>,
 }
 
 /// `auth:` (reference §5). Secret references are resolved when the controller starts.
@@ -238,8 +336,10 @@ pub struct WorkerSection {
 pub struct AuthSection {
     #[serde(default)]
     pub provider: Option<String>,
-    #[serde(default)]
-    pub signing_key: Option<String>,
+    /// A secret reference (`file:PATH`, `env:VAR`), or an ordered list of them: the first that
+    /// resolves is used, as in the published config.
+    #[serde(default, deserialize_with = "string_or_list")]
+    pub signing_key: Vec<String>,
     #[serde(default)]
     pub previous_public_keys: Vec<String>,
     #[serde(default)]
@@ -258,6 +358,21 @@ pub struct AuthSection {
     pub iap: Option<IapSection>,
     #[serde(default)]
     pub principal_directory: Option<serde_yaml::Value>,
+}
+
+/// A string or a list of strings, as a list (the published `SecretRefSpec`).
+fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) if s.trim().is_empty() => Vec::new(),
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    })
 }
 
 /// `auth.iap`: requests arrive through an identity-aware proxy that signs each one.
@@ -324,11 +439,37 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<ClusterConfig> {
     let de = serde_yaml::Deserializer::from_str(text);
     let c: ClusterConfig = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
-        anyhow::anyhow!("{origin}: invalid config at `{path}`: {}", e.into_inner())
+        let inner = e.into_inner().to_string();
+        let hint = closest_key_hint(&inner);
+        anyhow::anyhow!("{origin}: invalid config at `{path}`: {inner}{hint}")
     })?;
     c.task_env()
         .map_err(|e| anyhow::anyhow!("{origin}: invalid config: {e}"))?;
     Ok(c)
+}
+
+/// For serde's "unknown field `x`, expected one of `a`, `b`" message: " (did you mean `a`?)"
+/// when one expected key is close to the misspelt one, else nothing.
+fn closest_key_hint(message: &str) -> String {
+    let Some((_, rest)) = message.split_once("unknown field `") else {
+        return String::new();
+    };
+    let Some((got, rest)) = rest.split_once('`') else {
+        return String::new();
+    };
+    let Some((_, expected)) = rest.split_once("expected") else {
+        return String::new();
+    };
+    let best = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|k| (strsim::levenshtein(got, k), k))
+        .min();
+    match best {
+        Some((d, k)) if d <= (got.len() / 3).max(2) => format!(" (did you mean `{k}`?)"),
+        _ => String::new(),
+    }
 }
 
 pub fn load(path: &std::path::Path) -> anyhow::Result<ClusterConfig> {
@@ -360,7 +501,18 @@ mod tests {
         let bad = "scale_groups:\n  cpu:\n    resources: {cpu: 4, rams: 1GB}\n";
         let e = parse(bad, "x.yaml").expect_err("unknown key").to_string();
         assert!(e.contains("scale_groups.cpu.resources"), "{e}");
-        assert!(e.contains("rams"), "{e}");
+        assert!(
+            e.contains("rams") && e.contains("did you mean `ram`?"),
+            "{e}"
+        );
+        let e = parse("kubernetes_provider: {namespce: x}\n", "x.yaml")
+            .expect_err("misspelt")
+            .to_string();
+        assert!(e.contains("did you mean `namespace`?"), "{e}");
+        let e = parse("zzzzzz: 1\n", "x.yaml")
+            .expect_err("unknown")
+            .to_string();
+        assert!(!e.contains("did you mean"), "{e}");
     }
 
     #[test]

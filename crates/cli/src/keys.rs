@@ -37,7 +37,31 @@ pub fn resolve_secret(reference: &str) -> anyhow::Result<String> {
         return std::env::var(v)
             .with_context(|| format!("signing key: environment variable {v} is not set"));
     }
-    anyhow::bail!("signing key {reference:?}: use file:PATH or env:VAR")
+    anyhow::bail!("signing key {reference}: use file:PATH or env:VAR")
+}
+
+/// The first of an ordered list of secret references that resolves. A reference this
+/// controller cannot read (a cloud secret manager) is skipped; if none resolves, the error
+/// names each reference and why.
+pub fn resolve_first_secret(refs: &[String]) -> anyhow::Result<String> {
+    let mut why = Vec::new();
+    for r in refs {
+        if r.starts_with("file:") || r.starts_with("env:") {
+            match resolve_secret(r) {
+                Ok(v) => return Ok(v),
+                Err(e) => why.push(format!("{r}: {e:#}")),
+            }
+        } else {
+            let scheme = r.split_once("://").map(|x| x.0).unwrap_or(r);
+            why.push(format!(
+                "{r}: `{scheme}` references are not read by this controller (use file:PATH or env:VAR)"
+            ));
+        }
+    }
+    anyhow::bail!(
+        "auth.signing_key: no reference resolved: {}",
+        why.join("; ")
+    )
 }
 
 /// Parses `3600`, `90s`, `90m`, `12h`, `7d` into seconds.
@@ -114,10 +138,10 @@ pub fn auth_from_config(
     cfg: &crate::config::ClusterConfig,
 ) -> anyhow::Result<Option<iris_controller::auth::AuthConfig>> {
     let Some(a) = &cfg.auth else { return Ok(None) };
-    let keypair = match a.signing_key.as_deref().filter(|s| !s.is_empty()) {
-        Some(r) => iris_auth::Keypair::from_pem(&resolve_secret(r)?)
+    let keypair = match a.signing_key.is_empty() {
+        false => iris_auth::Keypair::from_pem(&resolve_first_secret(&a.signing_key)?)
             .map_err(|e| anyhow::anyhow!("auth.signing_key: {e}"))?,
-        None => {
+        true => {
             eprintln!("WARNING: auth.signing_key is not set: using an EPHEMERAL signing key. Every token (workers', users') dies with this process; set auth.signing_key (iris cluster init-keys --out-file F) for a real deployment.");
             iris_auth::Keypair::generate()
         }

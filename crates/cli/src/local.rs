@@ -35,8 +35,11 @@ pub struct StartArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
+    #[arg(long, required_unless_present = "dry_run")]
+    pub state_dir: Option<PathBuf>,
+    /// Validate --config, print what this controller would run from it, and exit.
     #[arg(long)]
-    pub state_dir: PathBuf,
+    pub dry_run: bool,
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: std::net::SocketAddr,
     /// Also serve the web dashboard on this address (e.g. 127.0.0.1:0). With auth on it acts as
@@ -133,18 +136,18 @@ fn revision_date() -> Option<String> {
 }
 
 /// One local worker per VM of each scale group.
-struct GroupPlan {
-    name: String,
-    count: u32,
-    cpu: i32,
-    memory: i64,
-    disk: i64,
-    device: Option<(String, String, i32)>,
+pub(crate) struct GroupPlan {
+    pub(crate) name: String,
+    pub(crate) count: u32,
+    pub(crate) cpu: i32,
+    pub(crate) memory: i64,
+    pub(crate) disk: i64,
+    pub(crate) device: Option<(String, String, i32)>,
     attributes: Vec<(String, String)>,
-    max: u32,
+    pub(crate) max: u32,
 }
 
-fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<GroupPlan>> {
+pub(crate) fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<GroupPlan>> {
     let mut out = Vec::new();
     for (name, g) in &cfg.scale_groups {
         let r = &g.resources;
@@ -246,6 +249,9 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
         Some(p) => config::load(p)?,
         None => config::parse(config::DEFAULT_LOCAL, "embedded default")?,
     };
+    for w in cfg.warnings() {
+        eprintln!("warning: {w}");
+    }
     let groups = plan_groups(&cfg)?;
     // A cluster started from a config keeps its own state (and recorded address) by name, so
     // `iris --config FILE ...` reaches the right one of several.
@@ -372,7 +378,15 @@ async fn run_sample(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
 }
 
 pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
-    let mut ccfg = ControllerConfig::local(a.state_dir.clone());
+    if a.dry_run {
+        return crate::dry_run::report(a.config.as_deref());
+    }
+    let state_dir = a
+        .state_dir
+        .clone()
+        .context("--state-dir: required (where the controller keeps its DB and logs)")?;
+    let ccfg_state_dir = state_dir.clone();
+    let mut ccfg = ControllerConfig::local(state_dir);
     ccfg.bind = a.bind;
     ccfg.revision_date = revision_date();
     ccfg.worker_grace = Duration::from_secs_f64(a.worker_grace.max(0.1));
@@ -397,16 +411,14 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         None => None,
     };
     if let Some(cfg) = &loaded {
+        for w in cfg.warnings() {
+            eprintln!("warning: {w}");
+        }
         ccfg.groups = plan_groups(cfg)?.iter().map(capacity).collect();
         ccfg.auth = crate::keys::auth_from_config(cfg)?;
         ccfg.federation = config::federation(cfg)?;
         if !ccfg.federation.peers.is_empty()
-            && cfg
-                .auth
-                .as_ref()
-                .and_then(|a| a.signing_key.as_deref())
-                .unwrap_or("")
-                .is_empty()
+            && cfg.auth.as_ref().is_none_or(|a| a.signing_key.is_empty())
         {
             anyhow::bail!("peers: a controller with federation peers needs a persistent auth.signing_key (peers pin its public key); create one with `iris cluster init-keys --out-file F` and set auth.signing_key: file:F");
         }
@@ -444,7 +456,7 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         }
         println!("Kubernetes backend ready");
     }
-    std::fs::write(a.state_dir.join("controller.url"), &url)
+    std::fs::write(ccfg_state_dir.join("controller.url"), &url)
         .context("recording the controller address")?;
     println!("Controller started at {url}");
     let dashboard = match a.dashboard_bind {
@@ -462,7 +474,7 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
 /// `kubernetes_provider` (and `platform.coreweave` for the kubeconfig and context) as the
 /// backend's settings, validated; `None` when the cluster uses worker daemons.
 #[allow(clippy::type_complexity)]
-fn kube_settings(
+pub(crate) fn kube_settings(
     cfg: &config::ClusterConfig,
 ) -> anyhow::Result<
     Option<(
@@ -551,8 +563,12 @@ fn kube_settings(
         .defaults
         .as_ref()
         .and_then(|d| d.get("worker"))
-        .and_then(|w| w.get("docker_image"))
+        .and_then(|w| {
+            w.get("default_task_image")
+                .or_else(|| w.get("docker_image"))
+        })
         .and_then(|v| v.as_str())
+        .filter(|v| !v.trim().is_empty())
         .unwrap_or("ghcr.io/marin-community/iris-task:latest")
         .to_string();
     let provider = iris_kube_model::ProviderConfig {

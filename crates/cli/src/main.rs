@@ -10,10 +10,12 @@ mod bench_memory;
 mod client;
 mod cmd;
 mod config;
+mod dry_run;
 mod keys;
 mod local;
 mod output;
 mod rollout;
+mod secrets;
 mod setup_scripts;
 mod target;
 mod workspace;
@@ -199,6 +201,14 @@ struct RunArgs {
     /// Skip environment setup entirely: run the command as it is (no uv sync).
     #[arg(long)]
     no_sync: bool,
+    /// Deliver a named secret to the task as a file (NAME SOURCE; SOURCE is env:VAR or
+    /// file:PATH), e.g. `--secret SERVICE_KEY env:SERVICE_KEY` (repeatable).
+    #[arg(long = "secret", num_args = 2, value_names = ["NAME", "SOURCE"], action = clap::ArgAction::Append)]
+    secrets: Vec<String>,
+    /// `inherit`: also forward your HF / W&B / CoreWeave credentials (and, inside a task, its
+    /// secrets); `isolate`: only the explicit --secret ones.
+    #[arg(long, default_value = "inherit", value_parser = ["inherit", "isolate"])]
+    secret_behavior: String,
     /// The command, after `--`.
     #[arg(last = true, required = true)]
     command: Vec<String>,

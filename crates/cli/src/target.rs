@@ -144,10 +144,9 @@ pub fn controller_url_of(cfg: &ClusterConfig, path: &Path) -> anyhow::Result<Str
                 )
             });
     }
-    let kind = controller
-        .and_then(|c| c.as_mapping())
-        .and_then(|m| m.keys().next())
-        .and_then(|k| k.as_str())
+    let kind = ["gcp", "manual", "coreweave"]
+        .into_iter()
+        .find(|k| controller.and_then(|c| c.get(*k)).is_some())
         .unwrap_or("none");
     anyhow::bail!(
         "{}: the controller is `{kind}` and the config has no defaults.worker.controller_address; \

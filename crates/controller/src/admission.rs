@@ -120,6 +120,15 @@ impl Controller {
             }
         };
         req.name = name.to_string();
+        if let Some(env) = &req.environment {
+            for secret in env.secrets.keys() {
+                if !valid_secret_name(secret) {
+                    return Err(Error::invalid(format!(
+                        "environment.secrets: `{secret}` is not a valid secret name; use letters, digits, `_`, `.` and `-`, starting with a letter, digit or `_`"
+                    )));
+                }
+            }
+        }
         if req.replicas == 0 {
             req.replicas = 1;
         }
@@ -410,6 +419,24 @@ impl Controller {
                 OnExisting::Replace => {}
             }
         }
+        // Secrets are stored apart (`job_secrets`): never in the request or env columns. The
+        // in-memory spec keeps them for dispatch.
+        let secrets: Vec<(String, String)> = req
+            .environment
+            .as_ref()
+            .map(|e| e.secrets.clone().into_iter().collect())
+            .unwrap_or_default();
+        let stripped;
+        let stored: &c::LaunchJobRequest = if secrets.is_empty() {
+            &req
+        } else {
+            let mut r = req.clone();
+            if let Some(e) = r.environment.as_mut() {
+                e.secrets.clear();
+            }
+            stripped = r;
+            &stripped
+        };
         let group_by = req.coscheduling.as_ref().map(|c| c.group_by.clone());
         let cfg = apply::JobConfigRow {
             res_cpu_millicores: res.cpu_millicores as i64,
@@ -436,7 +463,7 @@ impl Controller {
                 e.workdir_files.clear();
                 serde_json::to_string(&e).ok()
             }),
-            environment_json: req
+            environment_json: stored
                 .environment
                 .as_ref()
                 .and_then(|e| serde_json::to_string(e).ok()),
@@ -454,7 +481,7 @@ impl Controller {
             priority_band: band.code(),
             task_image: (!req.task_image.is_empty()).then(|| req.task_image.clone()),
             submit_argv_json: serde_json::to_string(&req.submit_argv).ok(),
-            request_blob: prost::Message::encode_to_vec(&req),
+            request_blob: prost::Message::encode_to_vec(stored),
         };
         let new = apply::NewJob {
             job_id: name.to_string(),
@@ -467,6 +494,7 @@ impl Controller {
             failed: None,
             cfg,
             workdir_files: Vec::new(),
+            secrets,
             federated: match &route {
                 crate::federation::Route::Queue(peer) => Some(peer.clone()),
                 crate::federation::Route::Local => None,
@@ -636,6 +664,15 @@ impl Controller {
             }
         }
     }
+}
+
+/// A secret's name becomes a file name on the worker: no separators, no leading dot or dash.
+fn valid_secret_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
 }
 
 fn eq_constraint(key: &str, value: &str) -> job::Constraint {

@@ -206,10 +206,19 @@ impl Controller {
         let Some(row) = iris_store::jobs::spec_row(conn, job_id)? else {
             return Ok(None);
         };
-        let req = <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(
-            row.request_blob.as_slice(),
-        )
-        .map_err(|e| Error::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
+        let mut req =
+            <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(
+                row.request_blob.as_slice(),
+            )
+            .map_err(|e| Error::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
+        // The secrets travel to the job's tasks (and a federation peer), kept apart in the store.
+        let secrets = iris_store::jobs::secrets(conn, job_id)?;
+        if !secrets.is_empty() {
+            req.environment
+                .get_or_insert_with(Default::default)
+                .secrets
+                .extend(secrets);
+        }
         let band = iris_types::Band::from_code(row.band).unwrap_or(iris_types::Band::Interactive);
         let spec = Arc::new(JobSpec::from_request(req, band, row.user, row.depth as u32));
         lock(&self.specs).insert(job_id.to_string(), spec.clone());

@@ -112,6 +112,7 @@ pub(crate) fn insert_job_at(
             ..Default::default()
         },
         workdir_files: Vec::new(),
+        secrets: Vec::new(),
         federated: federated.map(str::to_string),
     };
     let mut conn = ctl.db();

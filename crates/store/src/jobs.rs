@@ -56,6 +56,15 @@ pub fn spec_row(c: &impl Read, job_id: &str) -> Result<Option<SpecRow>> {
         .optional()?)
 }
 
+/// A job's secrets (name, value), by name.
+pub fn secrets(c: &impl Read, job_id: &str) -> Result<Vec<(String, String)>> {
+    let mut st = c
+        .raw()
+        .prepare_cached("SELECT name, value FROM job_secrets WHERE job_id = ?1 ORDER BY name")?;
+    let rows = st.query_map([job_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
 /// A task's state and current attempt number.
 pub fn task_state(c: &impl Read, task_id: &str) -> Result<Option<(TaskState, i64)>> {
     let row: Option<(i32, i64)> = c

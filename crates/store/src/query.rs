@@ -45,6 +45,11 @@ pub fn open_readonly(path: &Path) -> rusqlite::Result<ReadOnlyDb> {
     conn.pragma_update(None, "query_only", 1)?;
     conn.busy_timeout(Duration::from_secs(5))?;
     conn.authorizer(Some(|ctx: AuthContext<'_>| match ctx.action {
+        // Jobs' secrets are delivered to their tasks and shown to nobody.
+        AuthAction::Read {
+            table_name: "job_secrets",
+            ..
+        } => Authorization::Deny,
         AuthAction::Select
         | AuthAction::Read { .. }
         | AuthAction::Function { .. }
@@ -150,6 +155,14 @@ pub fn run_readonly(
             return QueryError::Timeout(time_limit);
         }
         match e {
+            rusqlite::Error::SqliteFailure(f, Some(msg))
+                if f.code == rusqlite::ErrorCode::AuthorizationForStatementDenied
+                    && msg.contains("job_secrets") =>
+            {
+                QueryError::NotAllowed(
+                    "job_secrets holds jobs' secret values, which no query may read (a job's secret names are not shown either; the task reads them from $RIGGING_SECRETS_DIR)".into(),
+                )
+            }
             rusqlite::Error::SqliteFailure(f, msg)
                 if f.code == rusqlite::ErrorCode::AuthorizationForStatementDenied =>
             {
@@ -255,6 +268,21 @@ mod tests {
         let r = run_readonly(&c, "SELECT count(*) FROM meta", Duration::from_secs(2), 100)
             .expect("still there");
         assert_eq!(r.rows, vec!["[1]"]);
+    }
+
+    #[test]
+    fn the_secrets_table_is_never_readable() {
+        let (_d, c) = db();
+        for sql in [
+            "SELECT * FROM job_secrets",
+            "SELECT value FROM job_secrets",
+            "SELECT count(*) FROM jobs WHERE job_id IN (SELECT job_id FROM job_secrets)",
+        ] {
+            match run_readonly(&c, sql, Duration::from_secs(2), 10) {
+                Err(QueryError::NotAllowed(m)) => assert!(m.contains("job_secrets"), "{m}"),
+                other => panic!("{sql}: {other:?}"),
+            }
+        }
     }
 
     #[test]

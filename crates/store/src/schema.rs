@@ -284,4 +284,17 @@ CREATE TABLE federated_child_cancels (
 );
 "#,
     ),
+    (
+        "0005_job_secrets",
+        r#"
+-- A job's secrets (`EnvironmentConfig.secrets`), kept out of `job_config`'s request and env
+-- columns; the operator's read-only SQL may not read this table.
+CREATE TABLE job_secrets (
+    job_id TEXT NOT NULL REFERENCES jobs(job_id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (job_id, name)
+) WITHOUT ROWID;
+"#,
+    ),
 ];

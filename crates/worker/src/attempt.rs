@@ -149,7 +149,54 @@ pub(crate) async fn run_attempt(inner: Arc<Inner>, uid: String, run: job::RunTas
         a.pgid = None;
     });
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(secrets_dir(&inner, &run.attempt_uid));
     poke_controller(&inner).await;
+}
+
+/// Where an attempt's secrets live: on the host's tmpfs (`/dev/shm`, never on disk) when there
+/// is one, in a per-user, per-worker directory outside the workdir, bundles and logs.
+fn secrets_dir(inner: &Inner, attempt_uid: &str) -> std::path::PathBuf {
+    use sha2::Digest;
+    let scope = hex::encode(sha2::Sha256::digest(
+        inner.cfg.cache_dir.display().to_string().as_bytes(),
+    ));
+    let shm = std::path::Path::new("/dev/shm");
+    let root = if shm.is_dir() {
+        shm.join(format!("iris-secrets-{}", nix::unistd::getuid()))
+    } else {
+        inner.cfg.cache_dir.join("secrets")
+    };
+    root.join(&scope[..16]).join(sanitize(attempt_uid))
+}
+
+/// Writes each file owner-read-only (0400) in a fresh owner-only (0700) directory.
+fn write_secrets(
+    dir: &std::path::Path,
+    files: &std::collections::BTreeMap<String, String>,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(parent) = dir.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)?;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+    for (name, value) in files {
+        // Names were validated at submission; a separator here would be a bug, never a path.
+        if name.contains('/') || name == "." || name == ".." {
+            return Err(std::io::Error::other(format!("invalid secret name {name}")));
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .open(dir.join(name))?
+            .write_all(value.as_bytes())?;
+    }
+    Ok(())
 }
 
 async fn execute(
@@ -186,7 +233,22 @@ async fn execute(
             .map(|(_, v)| v.clone()),
         task_env: inner.cfg.task_env.clone(),
         ports: run.ports.iter().map(|p| (p.clone(), free_port())).collect(),
+        secrets_dir: None,
     };
+    let secrets = run
+        .environment
+        .as_ref()
+        .map(|e| e.secrets.clone())
+        .unwrap_or_default();
+    if !secrets.is_empty() {
+        let dir = secrets_dir(inner, &run.attempt_uid);
+        write_secrets(
+            &dir,
+            &crate::task_env::secret_files(&secrets.into_iter().collect()),
+        )
+        .with_context(|| format!("writing the job's secrets to {}", dir.display()))?;
+        side.secrets_dir = Some(dir.display().to_string());
+    }
 
     // Setup phase (BUILDING): each setup command in its own bash, in the workdir, with the
     // task's environment; the venv they populate is `$IRIS_VENV`.

@@ -32,7 +32,28 @@ pub struct WorkerSide {
     pub task_env: BTreeMap<String, String>,
     /// The port allocated on this worker for each of the job's named ports.
     pub ports: BTreeMap<String, u16>,
+    /// Where this attempt's secrets were written as files, when the job has any.
+    pub secrets_dir: Option<String>,
 }
+
+/// The files a job's secrets are delivered as (name → contents): one per secret, plus an AWS
+/// credentials file when both CoreWeave object-storage keys are present, as the reference
+/// writes them.
+pub fn secret_files(secrets: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut files = secrets.clone();
+    if let (Some(id), Some(key)) = (
+        secrets.get("CW_KEY_ID").filter(|v| !v.is_empty()),
+        secrets.get("CW_KEY_SECRET").filter(|v| !v.is_empty()),
+    ) {
+        files.insert(
+            AWS_CREDENTIALS_FILE.into(),
+            format!("[default]\naws_access_key_id = {id}\naws_secret_access_key = {key}\n\n"),
+        );
+    }
+    files
+}
+
+const AWS_CREDENTIALS_FILE: &str = ".aws-credentials";
 
 /// The job id of a task id (`/u/job/3` → `/u/job`).
 fn job_of(task_id: &str) -> &str {
@@ -152,6 +173,22 @@ pub fn task_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<S
     }
     env.extend(w.task_env.clone());
     env.extend(environment.env_vars);
+    if let Some(dir) = &w.secrets_dir {
+        // Where the files are (never the values): forced, then the well-known clients' paths
+        // unless the job set them.
+        env.insert("RIGGING_SECRETS_DIR".into(), dir.clone());
+        if environment.secrets.contains_key("HF_TOKEN") {
+            env.entry("HF_TOKEN_PATH".into())
+                .or_insert_with(|| format!("{dir}/HF_TOKEN"));
+        }
+        if ["CW_KEY_ID", "CW_KEY_SECRET"]
+            .iter()
+            .all(|k| environment.secrets.contains_key(*k))
+        {
+            env.entry("AWS_SHARED_CREDENTIALS_FILE".into())
+                .or_insert_with(|| format!("{dir}/{AWS_CREDENTIALS_FILE}"));
+        }
+    }
     // What the controller and the worker own: user and cluster env cannot replace these.
     env.remove("IRIS_ATTEMPT_UID");
     env.remove("IRIS_TASK_TOKEN");
@@ -260,6 +297,36 @@ mod tests {
             !job_env.contains_key("ONLY_CLUSTER"),
             "cluster defaults are not the job's env"
         );
+    }
+
+    #[test]
+    fn secrets_are_files_and_only_their_paths_are_in_the_environment() {
+        let mut r = run();
+        r.environment = Some(job::EnvironmentConfig {
+            secrets: [
+                ("HF_TOKEN".to_string(), "hf-value".to_string()),
+                ("CW_KEY_ID".to_string(), "id".to_string()),
+                ("CW_KEY_SECRET".to_string(), "key".to_string()),
+            ]
+            .into(),
+            ..Default::default()
+        });
+        let mut w = worker();
+        w.secrets_dir = Some("/dev/shm/s/uid-1".into());
+        let e = task_environment(&r, &w);
+        assert_eq!(e["RIGGING_SECRETS_DIR"], "/dev/shm/s/uid-1");
+        assert_eq!(e["HF_TOKEN_PATH"], "/dev/shm/s/uid-1/HF_TOKEN");
+        assert_eq!(
+            e["AWS_SHARED_CREDENTIALS_FILE"],
+            "/dev/shm/s/uid-1/.aws-credentials"
+        );
+        assert!(
+            !e.values().any(|v| v.contains("hf-value") || v == "key"),
+            "no secret value in the environment"
+        );
+        let files = secret_files(&r.environment.expect("env").secrets);
+        assert_eq!(files["HF_TOKEN"], "hf-value");
+        assert!(files[".aws-credentials"].contains("aws_secret_access_key = key"));
     }
 
     #[test]

@@ -233,7 +233,9 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         }),
         environment: Some(job::EnvironmentConfig {
             env_vars,
-            secrets: Default::default(),
+            secrets: crate::secrets::for_submission(&a.secrets, &a.secret_behavior)?
+                .into_iter()
+                .collect(),
             setup_scripts,
         }),
         replicas: a.replicas as i32,

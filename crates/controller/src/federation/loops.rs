@@ -257,6 +257,13 @@ impl Controller {
             })?;
         req.name = d.job_id.clone();
         req.constraints.retain(|k| k.key != fed::CLUSTER_KEY);
+        let secrets = iris_store::jobs::secrets(&*self.db(), &d.job_id)?;
+        if !secrets.is_empty() {
+            req.environment
+                .get_or_insert_with(Default::default)
+                .secrets
+                .extend(secrets);
+        }
         if !req.bundle_id.is_empty() {
             let path = self.cfg.state_dir.join("bundles").join(&req.bundle_id);
             req.bundle_blob = std::fs::read(&path).map_err(|e| {

@@ -47,6 +47,8 @@ pub struct NewJob {
     pub failed: Option<String>,
     pub cfg: JobConfigRow,
     pub workdir_files: Vec<(String, Vec<u8>)>,
+    /// The job's secrets (name, value), stored apart from `cfg` (which must not carry them).
+    pub secrets: Vec<(String, String)>,
     /// `Some(peer)`: a job queued for a federation peer (`""` while unpinned). It gets no task
     /// rows here: the peer runs it and its tasks are mirrored back.
     pub federated: Option<String>,
@@ -138,6 +140,10 @@ pub fn insert_job(tx: &Tx<'_>, j: &NewJob, now: i64) -> Result<i64> {
         c.submit_argv_json,
         c.request_blob,
     ])?;
+    for (name, value) in &j.secrets {
+        tx.prepare_cached("INSERT INTO job_secrets(job_id, name, value) VALUES (?1,?2,?3)")?
+            .execute(params![j.job_id, name, value])?;
+    }
     for (name, data) in &j.workdir_files {
         tx.prepare_cached(
             "INSERT INTO job_workdir_files(job_id, filename, data) VALUES (?1,?2,?3)",
