@@ -209,6 +209,20 @@ struct RunArgs {
     /// secrets); `isolate`: only the explicit --secret ones.
     #[arg(long, default_value = "inherit", value_parser = ["inherit", "isolate"])]
     secret_behavior: String,
+    /// Container security profile (RESTRICTED, DEFAULT, DOCKER_ACCESS, PRIVILEGED, SANDBOX; the
+    /// `CONTAINER_PROFILE_` prefix is optional). The elevated ones need an admin.
+    #[arg(long)]
+    container_profile: Option<String>,
+    /// What the job's network reaches (CLUSTER, INTERNET, NONE; the `EGRESS_POLICY_` prefix is
+    /// optional).
+    #[arg(long)]
+    egress_policy: Option<String>,
+    /// Cancel the job on Ctrl-C while following it (the default).
+    #[arg(long, overrides_with = "no_cancel_on_exit")]
+    cancel_on_exit: bool,
+    /// Leave the job running on Ctrl-C.
+    #[arg(long)]
+    no_cancel_on_exit: bool,
     /// The command, after `--`.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -231,6 +245,9 @@ struct LogArgs {
     tail: bool,
     #[arg(long, default_value_t = 0)]
     since_ms: i64,
+    /// Only lines from the last N seconds.
+    #[arg(long, conflicts_with = "since_ms")]
+    since_seconds: Option<u64>,
     #[arg(long)]
     level: Option<String>,
 }
@@ -239,8 +256,11 @@ struct LogArgs {
 struct BulkArgs {
     ids: Vec<String>,
     /// Treat each id as a prefix and act on every active job under it.
-    #[arg(long)]
+    #[arg(long, overrides_with = "exact")]
     prefix: bool,
+    /// Match each id exactly (the default).
+    #[arg(long)]
+    exact: bool,
     /// Read ids from standard input (first CSV field of lines starting with `/`).
     #[arg(long)]
     stdin: bool,
@@ -268,6 +288,10 @@ enum TaskCmd {
     },
     Preempt(BulkArgs),
     Fail(BulkArgs),
+    /// Wait until a task ends; prints its state and exits 0 only if it succeeded.
+    Wait {
+        task_id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -276,6 +300,11 @@ enum AttemptCmd {
         attempt_id: String,
     },
     Logs(LogArgs),
+    /// Wait until one attempt (`<task>:<N>`) ends; prints its state and exits 0 only if it
+    /// succeeded.
+    Wait {
+        attempt_id: String,
+    },
     /// One attempt's events (`<task>:<N>`), oldest first.
     Events {
         attempt_id: String,

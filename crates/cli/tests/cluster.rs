@@ -1522,3 +1522,85 @@ fn b16_config_and_cluster_choose_among_local_clusters() {
     );
     assert!(o.err().contains("not both"), "{}", o.stderr);
 }
+
+/// The published CLI's smaller verbs and flags: `task wait` / `attempt wait` (state printed,
+/// exit 0 only on success), `job logs --since-seconds`, `job cancel --exact`, and
+/// `--container-profile` / `--egress-policy` carried in the request.
+#[test]
+fn b17_wait_since_seconds_exact_cancel_and_profiles() {
+    let c = TestCluster::start(&[WorkerSpec::cpu(16)]);
+    c.submit("ok", &[], &["sh", "-c", "echo waited-for"]);
+    c.submit("bad", &[], &["sh", "-c", "exit 3"]);
+    let o = c.iris(&["task", "wait", "/u/ok/0"]);
+    assert_eq!(o.ok().trim(), "succeeded");
+    let o = c.iris(&["task", "wait", "/u/bad/0"]);
+    assert_eq!((o.code, o.stdout.trim()), (1, "failed"), "{}", o.stderr);
+    let o = c.iris(&["attempt", "wait", "/u/bad/0:0"]);
+    assert_eq!((o.code, o.stdout.trim()), (1, "failed"), "{}", o.stderr);
+    let o = c.iris(&["attempt", "wait", "/u/ok/0:7"]);
+    assert!(
+        o.err().contains("attempt /u/ok/0:7 not found"),
+        "{}",
+        o.stderr
+    );
+
+    c.wait_job("/u/ok", "succeeded");
+    let o = c.iris(&["job", "logs", "/u/ok", "--since-seconds", "3600"]);
+    assert!(o.ok().contains("waited-for"), "{}", o.stdout);
+    let o = c.iris(&[
+        "job",
+        "logs",
+        "/u/ok",
+        "--since-seconds",
+        "60",
+        "--since-ms",
+        "1",
+    ]);
+    assert_ne!(o.code, 0, "--since-seconds and --since-ms are exclusive");
+
+    c.submit("long", &[], &["sleep", "30"]);
+    c.submit("long2", &[], &["sleep", "30"]);
+    c.wait_tasks("/u/long2", &[(0, "running")]);
+    c.iris(&["job", "cancel", "--exact", "/u/long"]).ok();
+    c.wait_job("/u/long", "killed");
+    assert_eq!(c.job_state("/u/long2").as_deref(), Some("running"));
+    c.iris(&["job", "cancel", "/u/long2"]).ok();
+
+    c.submit(
+        "prof",
+        &[
+            "--container-profile",
+            "restricted",
+            "--egress-policy",
+            "EGRESS_POLICY_NONE",
+        ],
+        &["true"],
+    );
+    let body = json!({"job_id": "/u/prof"}).to_string();
+    let v: Value = serde_json::from_str(
+        c.iris(&["rpc", "controller", "get-job-status", "--json", &body])
+            .ok(),
+    )
+    .expect("JSON");
+    assert_eq!(
+        v["request"]["containerProfile"], "CONTAINER_PROFILE_RESTRICTED",
+        "{v}"
+    );
+    assert_eq!(v["request"]["egressPolicy"], "EGRESS_POLICY_NONE", "{v}");
+    let o = c.iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--user",
+        "u",
+        "--container-profile",
+        "roomy",
+        "--",
+        "true",
+    ]);
+    assert!(
+        o.err().contains("--container-profile roomy: unknown value"),
+        "{}",
+        o.stderr
+    );
+}

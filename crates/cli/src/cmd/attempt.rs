@@ -35,6 +35,18 @@ pub(crate) async fn run(a: AttemptCmd, url: Option<String>) -> anyhow::Result<i3
             let src = l.target.clone();
             logs(&cl, &l, &src, 1, None).await
         }
+        AttemptCmd::Wait { attempt_id } => {
+            let id =
+                iris_types::AttemptId::parse(&attempt_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let state =
+                super::task::wait_for_task(&cl, &id.task.to_string(), Some(id.attempt)).await?;
+            println!("{}", state.friendly());
+            Ok(if state == iris_types::TaskState::Succeeded {
+                0
+            } else {
+                1
+            })
+        }
         AttemptCmd::Events { attempt_id, limit } => {
             let id =
                 iris_types::AttemptId::parse(&attempt_id).map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -213,6 +213,24 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     let coscheduling = a.group_by.as_ref().map(|g| job::CoschedulingConfig {
         group_by: g.clone(),
     });
+    let container_profile = match &a.container_profile {
+        Some(p) => enum_named::<job::ContainerProfile>(
+            "--container-profile",
+            "CONTAINER_PROFILE_",
+            p,
+            job::ContainerProfile::from_str_name,
+        )?,
+        None => 0,
+    };
+    let egress_policy = match &a.egress_policy {
+        Some(p) => enum_named::<job::EgressPolicy>(
+            "--egress-policy",
+            "EGRESS_POLICY_",
+            p,
+            job::EgressPolicy::from_str_name,
+        )?,
+        None => 0,
+    };
     let (setup_scripts, setup_commands) =
         crate::setup_scripts::for_submission(a.no_sync, &a.extras, &a.sync_packages)?;
     Ok(c::LaunchJobRequest {
@@ -250,6 +268,8 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         priority_band: band,
         submit_argv: std::env::args().collect(),
         task_image: a.task_image.clone().unwrap_or_default(),
+        container_profile,
+        egress_policy,
         ..Default::default()
     })
 }
@@ -275,7 +295,7 @@ pub(crate) async fn run(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
                 return Ok(0);
             }
             eprintln!("Submitted {}", r.job_id);
-            stream_until_done(&cl, &r.job_id, true).await
+            stream_until_done(&cl, &r.job_id, !a.no_cancel_on_exit).await
         }
         JobCmd::List {
             state,
@@ -517,6 +537,27 @@ async fn stream_until_done(
 pub(crate) async fn stream_sample(cl: &Client, job_id: &str) -> anyhow::Result<i32> {
     let code = stream_until_done(cl, job_id, false).await?;
     Ok(code)
+}
+
+/// A proto enum value from its name, with or without the prefix, in any case.
+fn enum_named<E: Into<i32>>(
+    flag: &str,
+    prefix: &str,
+    given: &str,
+    from_name: fn(&str) -> Option<E>,
+) -> anyhow::Result<i32> {
+    let upper = given.trim().to_ascii_uppercase();
+    let full = if upper.starts_with(prefix) {
+        upper
+    } else {
+        format!("{prefix}{upper}")
+    };
+    match from_name(&full) {
+        Some(v) if !full.ends_with("_UNSPECIFIED") => Ok(v.into()),
+        _ => anyhow::bail!(
+            "{flag} {given}: unknown value; see `iris job run --help` for the choices"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,10 @@ pub(crate) async fn logs(
     let mut req = fl::FetchLogsRequest {
         source: source.to_string(),
         match_scope: scope,
-        since_ms: l.since_ms,
+        since_ms: match l.since_seconds {
+            Some(s) => chrono::Utc::now().timestamp_millis() - (s as i64).saturating_mul(1000),
+            None => l.since_ms,
+        },
         substring: l.substring.clone().unwrap_or_default(),
         regex: l.regex.clone().unwrap_or_default(),
         max_lines: l.max_lines,

@@ -93,11 +93,57 @@ pub(crate) async fn run(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> 
             let src = format!("{}:", l.target);
             logs(&cl, &l, &src, 2, None).await
         }
+        TaskCmd::Wait { task_id } => {
+            iris_types::TaskId::parse(&task_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let state = wait_for_task(&cl, &task_id, None).await?;
+            println!("{}", state.friendly());
+            Ok(if state == iris_types::TaskState::Succeeded {
+                0
+            } else {
+                1
+            })
+        }
         TaskCmd::Events { task_id, limit } => {
             iris_types::TaskId::parse(&task_id).map_err(|e| anyhow::anyhow!("{e}"))?;
             task_events(&cl, &task_id, None, limit).await
         }
         TaskCmd::Preempt(b) => kick(&cl, &b, 10).await,
         TaskCmd::Fail(b) => kick(&cl, &b, 5).await,
+    }
+}
+
+/// Polls the task (or one of its attempts) until it is terminal; returns its final state.
+pub(crate) async fn wait_for_task(
+    cl: &Client,
+    task_id: &str,
+    attempt: Option<u32>,
+) -> anyhow::Result<iris_types::TaskState> {
+    let mut delay = std::time::Duration::from_millis(100);
+    loop {
+        let r: c::GetTaskStatusResponse = call(
+            cl,
+            "GetTaskStatus",
+            &c::GetTaskStatusRequest {
+                task_id: task_id.to_string(),
+            },
+        )
+        .await?;
+        let t = r.task.unwrap_or_default();
+        let code = match attempt {
+            None => t.state,
+            Some(n) => t
+                .attempts
+                .iter()
+                .find(|x| x.attempt_id as u32 == n)
+                .map(|x| x.state)
+                .ok_or_else(|| anyhow::anyhow!("attempt {task_id}:{n} not found"))?,
+        };
+        let state =
+            iris_types::TaskState::from_code(code).unwrap_or(iris_types::TaskState::Pending);
+        if state.is_terminal() {
+            return Ok(state);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(std::time::Duration::from_secs(2));
     }
 }
