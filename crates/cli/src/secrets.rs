@@ -11,13 +11,7 @@ use std::collections::BTreeMap;
 /// Credentials forwarded from the submitter's environment under `inherit`.
 const FORWARDED: [&str; 4] = ["HF_TOKEN", "WANDB_API_KEY", "CW_KEY_ID", "CW_KEY_SECRET"];
 
-fn valid_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
-}
+use iris_types::ids::valid_secret_name as valid_name;
 
 /// One source's value (`None`: absent).
 fn fetch(source: &str) -> anyhow::Result<Option<String>> {

@@ -122,7 +122,7 @@ impl Controller {
         req.name = name.to_string();
         if let Some(env) = &req.environment {
             for secret in env.secrets.keys() {
-                if !valid_secret_name(secret) {
+                if !iris_types::ids::valid_secret_name(secret) {
                     return Err(Error::invalid(format!(
                         "environment.secrets: `{secret}` is not a valid secret name; use letters, digits, `_`, `.` and `-`, starting with a letter, digit or `_`"
                     )));
@@ -664,15 +664,6 @@ impl Controller {
             }
         }
     }
-}
-
-/// A secret's name becomes a file name on the worker: no separators, no leading dot or dash.
-fn valid_secret_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
 }
 
 fn eq_constraint(key: &str, value: &str) -> job::Constraint {

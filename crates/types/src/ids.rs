@@ -186,6 +186,16 @@ impl fmt::Debug for AttemptId {
     }
 }
 
+/// Whether `name` may name a job's secret. It becomes a file name on the worker, so: letters,
+/// digits, `_`, `.` and `-`, starting with a letter, digit or `_` (no separator, no `..`).
+pub fn valid_secret_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+}
+
 /// Validates a user name: non-empty after trimming, no `/`.
 pub fn validate_user(user: &str) -> Result<String, String> {
     let u = user.trim();
@@ -201,6 +211,16 @@ pub fn validate_user(user: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_names_are_plain_file_names() {
+        for ok in ["HF_TOKEN", "service.key", "_x-1", "9"] {
+            assert!(valid_secret_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", ".hidden", "-x", "a/b", "a b", "é"] {
+            assert!(!valid_secret_name(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn job_names() {

@@ -149,13 +149,20 @@ pub(crate) async fn run_attempt(inner: Arc<Inner>, uid: String, run: job::RunTas
         a.pgid = None;
     });
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_dir_all(secrets_dir(&inner, &run.attempt_uid));
+    let _ = std::fs::remove_dir_all(secrets_dir(&inner, &run));
     poke_controller(&inner).await;
 }
 
 /// Where an attempt's secrets live: on the host's tmpfs (`/dev/shm`, never on disk) when there
 /// is one, in a per-user, per-worker directory outside the workdir, bundles and logs.
-fn secrets_dir(inner: &Inner, attempt_uid: &str) -> std::path::PathBuf {
+fn secrets_dir(inner: &Inner, run: &job::RunTaskRequest) -> std::path::PathBuf {
+    // One directory per attempt, never the shared parent (an attempt without a uid, from an
+    // older controller, is named by its task and number).
+    let attempt = if run.attempt_uid.is_empty() {
+        format!("{}_{}", sanitize(&run.task_id), run.attempt_id)
+    } else {
+        sanitize(&run.attempt_uid)
+    };
     use sha2::Digest;
     let scope = hex::encode(sha2::Sha256::digest(
         inner.cfg.cache_dir.display().to_string().as_bytes(),
@@ -166,7 +173,7 @@ fn secrets_dir(inner: &Inner, attempt_uid: &str) -> std::path::PathBuf {
     } else {
         inner.cfg.cache_dir.join("secrets")
     };
-    root.join(&scope[..16]).join(sanitize(attempt_uid))
+    root.join(&scope[..16]).join(attempt)
 }
 
 /// Writes each file owner-read-only (0400) in a fresh owner-only (0700) directory.
@@ -185,8 +192,9 @@ fn write_secrets(
     let _ = std::fs::remove_dir_all(dir);
     std::fs::DirBuilder::new().mode(0o700).create(dir)?;
     for (name, value) in files {
-        // Names were validated at submission; a separator here would be a bug, never a path.
-        if name.contains('/') || name == "." || name == ".." {
+        // Names were validated at submission (the AWS credentials file is ours); checked again
+        // because a name becomes a path here.
+        if name != ".aws-credentials" && !iris_types::ids::valid_secret_name(name) {
             return Err(std::io::Error::other(format!("invalid secret name {name}")));
         }
         std::fs::OpenOptions::new()
@@ -241,7 +249,7 @@ async fn execute(
         .map(|e| e.secrets.clone())
         .unwrap_or_default();
     if !secrets.is_empty() {
-        let dir = secrets_dir(inner, &run.attempt_uid);
+        let dir = secrets_dir(inner, run);
         write_secrets(
             &dir,
             &crate::task_env::secret_files(&secrets.into_iter().collect()),
