@@ -360,6 +360,15 @@ pub struct AuthSection {
     pub principal_directory: Option<serde_yaml::Value>,
 }
 
+/// Which arm of the published one-of (`gcp`, `manual`, `local`, `coreweave`) a `platform:` or
+/// `controller:` section sets; `none` when it sets none.
+pub fn oneof_arm(section: &Option<serde_yaml::Value>) -> &'static str {
+    ["gcp", "manual", "local", "coreweave"]
+        .into_iter()
+        .find(|k| section.as_ref().and_then(|v| v.get(*k)).is_some())
+        .unwrap_or("none")
+}
+
 /// A string or a list of strings, as a list (the published `SecretRefSpec`).
 fn string_or_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]

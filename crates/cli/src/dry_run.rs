@@ -22,16 +22,8 @@ pub fn report(path: Option<&Path>) -> anyhow::Result<i32> {
 
     println!("Config: {}", path.display());
     println!("Cluster: {}", target::cluster_name(&cfg, path));
-    // Which arm of the published one-of (`gcp`, `manual`, `local`, `coreweave`) is set.
-    let kind_of = |v: &Option<serde_yaml::Value>| {
-        ["gcp", "manual", "local", "coreweave"]
-            .into_iter()
-            .find(|k| v.as_ref().and_then(|v| v.get(*k)).is_some())
-            .unwrap_or("none")
-            .to_string()
-    };
-    println!("Platform: {}", kind_of(&cfg.platform));
-    println!("Controller: {}", kind_of(&cfg.controller));
+    println!("Platform: {}", config::oneof_arm(&cfg.platform));
+    println!("Controller: {}", config::oneof_arm(&cfg.controller));
     match &kube {
         Some((k, kubeconfig, context)) => {
             println!("Backend: Kubernetes (one Pod per attempt, admitted by Kueue)");

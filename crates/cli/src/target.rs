@@ -144,10 +144,7 @@ pub fn controller_url_of(cfg: &ClusterConfig, path: &Path) -> anyhow::Result<Str
                 )
             });
     }
-    let kind = ["gcp", "manual", "coreweave"]
-        .into_iter()
-        .find(|k| controller.and_then(|c| c.get(*k)).is_some())
-        .unwrap_or("none");
+    let kind = config::oneof_arm(&cfg.controller);
     anyhow::bail!(
         "{}: the controller is `{kind}` and the config has no defaults.worker.controller_address; \
          this CLI does not open tunnels or port-forwards yet: open one yourself and pass \

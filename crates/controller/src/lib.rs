@@ -198,7 +198,7 @@ impl Controller {
         self.wake.notify_one();
     }
 
-    /// Loads (and caches) a job's spec.
+    /// Loads (and caches) a job's spec (its stored request with its secrets).
     fn spec(&self, conn: &impl iris_store::Read, job_id: &str) -> Result<Option<Arc<JobSpec>>> {
         if let Some(s) = lock(&self.specs).get(job_id) {
             return Ok(Some(s.clone()));
@@ -206,19 +206,7 @@ impl Controller {
         let Some(row) = iris_store::jobs::spec_row(conn, job_id)? else {
             return Ok(None);
         };
-        let mut req =
-            <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(
-                row.request_blob.as_slice(),
-            )
-            .map_err(|e| Error::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
-        // The secrets travel to the job's tasks (and a federation peer), kept apart in the store.
-        let secrets = iris_store::jobs::secrets(conn, job_id)?;
-        if !secrets.is_empty() {
-            req.environment
-                .get_or_insert_with(Default::default)
-                .secrets
-                .extend(secrets);
-        }
+        let req = stored_request(conn, job_id, &row.request_blob)?;
         let band = iris_types::Band::from_code(row.band).unwrap_or(iris_types::Band::Interactive);
         let spec = Arc::new(JobSpec::from_request(req, band, row.user, row.depth as u32));
         lock(&self.specs).insert(job_id.to_string(), spec.clone());
@@ -234,6 +222,26 @@ impl Controller {
     pub fn url(&self) -> String {
         lock(&self.advertised).clone()
     }
+}
+
+/// A job's stored request (`job_config.request_blob`) decoded, with the secrets the store keeps
+/// apart put back: what its tasks and a federation peer receive.
+fn stored_request(
+    conn: &impl iris_store::Read,
+    job_id: &str,
+    blob: &[u8],
+) -> Result<iris_proto::cluster::controller::LaunchJobRequest> {
+    let mut req =
+        <iris_proto::cluster::controller::LaunchJobRequest as prost::Message>::decode(blob)
+            .map_err(|e| Error::internal(format!("stored request for {job_id} is corrupt: {e}")))?;
+    let secrets = iris_store::jobs::secrets(conn, job_id)?;
+    if !secrets.is_empty() {
+        req.environment
+            .get_or_insert_with(Default::default)
+            .secrets
+            .extend(secrets);
+    }
+    Ok(req)
 }
 
 /// A running controller.

@@ -269,12 +269,24 @@ async fn execute(
         &commands,
         dir.join("pyproject.toml").is_file(),
         venv.is_dir(),
-        on_path("uv"),
+        crate::find_on_path("uv").is_some(),
     ) {
         Ok(s) => s,
         Err(why) => return Ok((TaskState::Failed, -1, why)),
     };
     let total = steps.len();
+    // Every step that runs sees the same environment; uv finds the worker's base interpreter
+    // last on its PATH.
+    let setup_env = if steps.iter().any(|s| matches!(s, setup::Step::Run(_))) {
+        let mut env = task_environment(run, &side);
+        if let Some(home) = &inner.python_home {
+            let path = search_path(&env, None, Some(home));
+            env.insert("PATH".into(), path);
+        }
+        env
+    } else {
+        Default::default()
+    };
     for (i, step) in steps.into_iter().enumerate() {
         let script = match step {
             setup::Step::Skip(notice) => {
@@ -293,13 +305,8 @@ async fn execute(
         );
         let file = dir.join(format!("_iris_setup_step_{}.sh", i + 1));
         std::fs::write(&file, &script).context("writing a setup step")?;
-        let mut env = task_environment(run, &side);
-        if let Some(home) = &inner.python_home {
-            let path = search_path(&env, None, Some(home));
-            env.insert("PATH".into(), path);
-        }
         let mut cmd = tokio::process::Command::new("bash");
-        cmd.arg(&file).envs(env);
+        cmd.arg(&file).envs(&setup_env);
         let (status, last) = match supervise(inner, uid, cmd, dir, logs, run, false).await? {
             Supervised::Exited(s, last) => (s, last),
             Supervised::NotStarted(e) => {
@@ -411,12 +418,6 @@ fn search_path(
     std::env::join_paths(dirs)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_else(|_| base.to_string_lossy().into_owned())
-}
-
-/// Whether `name` is an executable file in a directory of the worker's `PATH`.
-fn on_path(name: &str) -> bool {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).any(|d| d.join(name).is_file())
 }
 
 enum Supervised {

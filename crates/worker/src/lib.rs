@@ -187,20 +187,22 @@ fn resolve_python(configured: Option<&std::path::Path>) -> String {
     if let Some(p) = configured {
         return p.display().to_string();
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for name in ["python3", "python"] {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join(name);
-            if p.is_file() {
-                return p.display().to_string();
-            }
-        }
+    if let Some(p) = ["python3", "python"].into_iter().find_map(find_on_path) {
+        return p.display().to_string();
     }
     tracing::warn!(
         "no python3 or python on PATH: jobs submitted as Python callables will not start \
          (pass the worker an interpreter with --python)"
     );
     "python".into()
+}
+
+/// The first file named `name` in a directory of the worker's `PATH`.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }
 
 /// The `home` of the virtualenv `python` belongs to (from its `pyvenv.cfg`), if it is in one.

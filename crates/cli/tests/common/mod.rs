@@ -206,6 +206,20 @@ impl Drop for TestCluster {
     }
 }
 
+/// A cluster's private temp dir with its state dir and a small workspace (for `job run`).
+fn scratch() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let root = tempfile::Builder::new()
+        .prefix("iris-it-")
+        .tempdir()
+        .expect("temp dir");
+    let state_dir = root.path().join("state");
+    let ws = root.path().join("ws");
+    std::fs::create_dir_all(&state_dir).expect("state dir");
+    std::fs::create_dir_all(&ws).expect("ws dir");
+    std::fs::write(ws.join("README"), "integration test workspace\n").expect("ws file");
+    (root, state_dir, ws)
+}
+
 fn base_cmd(cwd: &Path) -> Command {
     let mut c = Command::new(IRIS);
     c.current_dir(cwd)
@@ -239,15 +253,7 @@ impl TestCluster {
         config_yaml: Option<&str>,
         controller_args: &[&str],
     ) -> TestCluster {
-        let root = tempfile::Builder::new()
-            .prefix("iris-it-")
-            .tempdir()
-            .expect("temp dir");
-        let state_dir = root.path().join("state");
-        let ws = root.path().join("ws");
-        std::fs::create_dir_all(&state_dir).expect("state dir");
-        std::fs::create_dir_all(&ws).expect("ws dir");
-        std::fs::write(ws.join("README"), "integration test workspace\n").expect("ws file");
+        let (root, state_dir, ws) = scratch();
         let log = std::fs::File::create(root.path().join("controller.log")).expect("log file");
         let mut cmd = base_cmd(root.path());
         cmd.args(["cluster", "controller", "serve", "--state-dir"])
@@ -279,13 +285,7 @@ impl TestCluster {
     /// local workers in one process, as a user starts them; waits until `workers` are healthy.
     /// (Restarting it is not supported.)
     pub fn start_local(config_yaml: &str, workers: usize) -> TestCluster {
-        let root = tempfile::Builder::new()
-            .prefix("iris-it-")
-            .tempdir()
-            .expect("temp dir");
-        let state_dir = root.path().join("state");
-        let ws = root.path().join("ws");
-        std::fs::create_dir_all(&ws).expect("ws dir");
+        let (root, state_dir, ws) = scratch();
         let cfg = root.path().join("cluster.yaml");
         std::fs::write(&cfg, config_yaml).expect("config");
         let log = std::fs::File::create(root.path().join("controller.log")).expect("log file");

@@ -251,19 +251,9 @@ impl Controller {
     /// `cluster` constraints, the federation identity, and the bundle inlined as bytes
     /// (workdir files already travel inline in the stored request).
     fn handoff_request(&self, me: &str, d: &sf::Delivery) -> Result<c::LaunchJobRequest> {
-        let mut req = <c::LaunchJobRequest as prost::Message>::decode(d.request_blob.as_slice())
-            .map_err(|e| {
-                Error::internal(format!("stored request for {} is corrupt: {e}", d.job_id))
-            })?;
+        let mut req = crate::stored_request(&*self.db(), &d.job_id, &d.request_blob)?;
         req.name = d.job_id.clone();
         req.constraints.retain(|k| k.key != fed::CLUSTER_KEY);
-        let secrets = iris_store::jobs::secrets(&*self.db(), &d.job_id)?;
-        if !secrets.is_empty() {
-            req.environment
-                .get_or_insert_with(Default::default)
-                .secrets
-                .extend(secrets);
-        }
         if !req.bundle_id.is_empty() {
             let path = self.cfg.state_dir.join("bundles").join(&req.bundle_id);
             req.bundle_blob = std::fs::read(&path).map_err(|e| {
