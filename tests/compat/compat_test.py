@@ -527,6 +527,138 @@ def python_client_callable_that_raises_fails_with_the_exception():
     assert "compat-callable-boom" in r.out, r.describe()
 
 
+def _rendezvous(name):
+    """Task 0 of a gang serves a page and registers it; tasks 1-3 find it and fetch from it."""
+    import http.server
+    import threading
+    import urllib.request
+
+    from iris.client.client import iris_ctx
+
+    ctx = iris_ctx()
+    index = ctx.task_attempt.task_id.task_index
+    if index == 0:
+        fetched = []
+
+        class Page(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = f"rendezvous-page {self.path}".encode()
+                self.send_response(200)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                fetched.append(self.path)
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        host = os.environ.get("IRIS_ADVERTISE_HOST", "127.0.0.1")
+        ctx.registry.register(name, f"http://{host}:{server.server_address[1]}")
+        deadline = time.time() + 100
+        while len(fetched) < 3 and time.time() < deadline:
+            time.sleep(0.1)
+        print("rendezvous-served", sorted(fetched), flush=True)
+        assert len(fetched) == 3, fetched
+        # Keep serving a moment so the test sees the endpoint listed while the job runs.
+        time.sleep(2)
+    else:
+        deadline = time.time() + 100
+        while not (found := ctx.resolver.resolve(name)).endpoints:
+            assert time.time() < deadline, f"no endpoint {name} registered"
+            time.sleep(0.2)
+        url = found.endpoints[0].url
+        body = urllib.request.urlopen(f"{url}/from-{index}", timeout=10).read().decode()
+        print(f"rendezvous-fetched {index} {body}", flush=True)
+
+
+@step
+def endpoints_rendezvous_in_a_coscheduled_gang():
+    """Issue 16, acceptance 1: a 4-host gang finds its coordinator through the registry; the
+    endpoint is listed while the job runs and gone when it ends."""
+    from iris.client import IrisClient, JobState
+    from iris.cluster.types import CoschedulingConfig, Entrypoint, ResourceSpec
+
+    quiet_client_logs()
+    with IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE)) as client:
+        job = client.submit(
+            Entrypoint.from_callable(_rendezvous, "coordinator"),
+            name("rendezvous"),
+            ResourceSpec(cpu=0.1, memory="256MB", disk="100MB"),
+            replicas=4,
+            coscheduling=CoschedulingConfig(group_by="scale-group"),
+            user=USER,
+        )
+        endpoint = f"{job_id('rendezvous')}/coordinator"
+        wait_until(
+            "the coordinator endpoint to be listed",
+            lambda: endpoint in ok(iris("endpoints", "list", job_id("rendezvous"))).out,
+            timeout=120,
+        )
+        status = job.wait(timeout=180, poll_interval=1.0, raise_on_failure=False)
+        lines = [e.data for e in job.logs()]
+        assert status.state is JobState.SUCCEEDED, (status, lines[-20:])
+        got = sorted(l for l in lines if l.startswith("rendezvous-fetched"))
+        want = [f"rendezvous-fetched {i} rendezvous-page /from-{i}" for i in (1, 2, 3)]
+        assert got == want, lines
+    r = ok(iris("endpoints", "list", job_id("rendezvous")))
+    assert endpoint not in r.out and "No endpoints found." in r.out, r.describe()
+
+
+class _Calculator:
+    def add(self, a, b):
+        return {"sum": a + b}
+
+
+def _serve_actor(name, seconds):
+    """Serves `_Calculator` with the published ActorServer under the endpoint's full name."""
+    from iris.actor.server import ActorServer
+    from iris.client.client import iris_ctx
+
+    ctx = iris_ctx()
+    server = ActorServer(host="127.0.0.1")
+    server.register(f"{ctx.namespace}/{name}", _Calculator())
+    port = server.serve_background()
+    ctx.registry.register(name, f"http://127.0.0.1:{port}")
+    print("actor-up", flush=True)
+    time.sleep(seconds)
+
+
+@step
+def actor_call_through_the_proxy():
+    """Issue 16, acceptance 3: the published `iris actor call` reaches an actor served with the
+    published library inside a task, through our controller's /proxy."""
+    from iris.client import IrisClient
+    from iris.cluster.types import Entrypoint, ResourceSpec
+
+    quiet_client_logs()
+    with IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE)) as client:
+        client.submit(
+            Entrypoint.from_callable(_serve_actor, "calc", 600),
+            name("actor"),
+            ResourceSpec(cpu=0.1, memory="256MB", disk="100MB"),
+            user=USER,
+        )
+    endpoint = f"{job_id('actor')}/calc"
+    try:
+        wait_until(
+            "the actor endpoint to be listed",
+            lambda: endpoint in ok(iris("endpoints", "list", endpoint, "--exact")).out,
+            timeout=120,
+        )
+        # The published CLI sends a bearer with every actor call; without auth any token does.
+        env = dict(os.environ, MARIN_CLUSTER_TOKEN="compat")
+        r = subprocess.run(
+            [ARGS.iris, "--controller-url", ARGS.controller_url, "actor", "call", endpoint, "add",
+             '{"a": 2, "b": 40}'],
+            capture_output=True, text=True, timeout=120, env=env, cwd=WORKSPACE,
+        )
+        assert r.returncode == 0 and '"sum": 42' in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+    finally:
+        iris("job", "cancel", job_id("actor"))
+
+
 @step
 def job_logs_level_filters_by_each_lines_prefix():
     """Lines carry the reference's level prefixes on either stream; `--level warning` keeps

@@ -58,7 +58,17 @@ trap 'exit 130' INT TERM
 
 # Started the way a user of the published package starts it: with the package's venv
 # activated, so the workers' `python3` (IRIS_PYTHON for callable jobs) has cloudpickle.
-PATH="$VENV/bin:$PATH" "$BIN" cluster start --local --state-dir "$STATE" >"$LOG" 2>&1 &
+# Four workers (the embedded local config starts two): the endpoint step runs a 4-host gang.
+cat >"$WORK/cluster.yaml" <<'YAML'
+name: compat
+platform: {local: {}}
+controller: {local: {port: 0}}
+scale_groups:
+  cpu:
+    num_vms: 4
+    resources: {cpu: 8, ram: 16GB, disk: 100GB, device_type: cpu, device_variant: cpu, capacity_type: on-demand}
+YAML
+PATH="$VENV/bin:$PATH" "$BIN" cluster start --local --config "$WORK/cluster.yaml" --state-dir "$STATE" >"$LOG" 2>&1 &
 CLUSTER_PID=$!
 URL=""
 for _ in $(seq 300); do

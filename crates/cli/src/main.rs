@@ -84,6 +84,10 @@ enum Cmd {
     /// Per-user budgets and maximum bands.
     #[command(subcommand)]
     User(UserCmd),
+    /// Services tasks registered (coordinators, actors, dashboards) and capability URLs for
+    /// reaching them through the controller's `/proxy`.
+    #[command(subcommand)]
+    Endpoints(EndpointsCmd),
     /// Store a token for later commands (sent as `authorization: Bearer`).
     Login {
         #[arg(long)]
@@ -92,6 +96,29 @@ enum Cmd {
     /// Benchmarks against an in-process controller (prints figures).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+}
+
+#[derive(Subcommand)]
+enum EndpointsCmd {
+    /// List live endpoints whose name starts with PREFIX (all when omitted), by name.
+    List {
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Match PREFIX as the whole name.
+        #[arg(long)]
+        exact: bool,
+        /// Only endpoints these tasks registered (repeatable).
+        #[arg(long = "task-id")]
+        task_id: Vec<String>,
+    },
+    /// Mint a capability URL for a link-access endpoint: whoever has it reaches the endpoint
+    /// through `/proxy` until it expires.
+    Mint {
+        /// The endpoint's name, e.g. /alice/train/web.
+        name: String,
+        #[arg(long, default_value_t = 24.0)]
+        ttl_hours: f64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -445,5 +472,6 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             json,
         } => cmd::rpc::run(&target, &method, json, url).await,
         Cmd::User(u) => cmd::user::run(u, url).await,
+        Cmd::Endpoints(e) => cmd::endpoints::run(e, url).await,
     }
 }

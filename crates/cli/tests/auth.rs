@@ -731,17 +731,21 @@ fn dashboard_login_and_roles() {
     let (status, _, body) = common::http_get(&dash, "/query", Some(&viewer));
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("admin role"), "{body}");
-    // Its task page shows events and attempts read through typed RPCs, not SQL.
+    // Its task page shows events and attempts read through typed RPCs, not SQL. The page reads
+    // the task and its events with separate RPCs, so one render can fall between the
+    // assignment's two halves; wait for a render that has both.
     let body = common::wait_for(
         Duration::from_secs(30),
-        "the task page to show the assignment",
+        "the task page to show the assignment and its attempt",
         || {
             let (status, _, body) = common::http_get(&dash, "/task/root/seen/0", Some(&viewer));
-            (status == 200 && body.contains("TaskAssigned")).then_some(body)
+            (status == 200
+                && body.contains("TaskAssigned")
+                && body.contains("<svg class=\"timeline\""))
+            .then_some(body)
         },
     );
     assert!(!body.contains("Cannot read task events"), "{body}");
-    assert!(body.contains("<svg class=\"timeline\""), "{body}");
     let (status, _, body) = common::http_get(&dash, "/workers", Some(&viewer));
     assert_eq!(status, 200, "{body}");
     // A forged session is refused, not downgraded.
@@ -917,4 +921,209 @@ fn elevated_container_profiles_need_an_admin() {
         ],
     );
     assert!(ok, "{out}");
+}
+
+/// A task of alice's job serves a directory (with a 100 MB file) and registers it, link access,
+/// through the Connect JSON API with its task token.
+const SITE_TASK: &str = r#"set -e
+mkdir -p site
+head -c 104857600 /dev/zero > site/big
+echo proxied-hello > site/index.html
+python3 - <<'PY' &
+import functools, http.server
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory="site")
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+open("port.tmp", "w").write(str(s.server_address[1]))
+import os; os.rename("port.tmp", "port")
+s.serve_forever()
+PY
+while [ ! -s port ]; do sleep 0.1; done
+curl -sS --fail-with-body -X POST "$IRIS_CONTROLLER_ADDRESS/iris.cluster.EndpointService/RegisterEndpoint" \
+  -H 'content-type: application/json' -H "authorization: Bearer $IRIS_TASK_TOKEN" \
+  -d "{\"name\":\"/alice/site/web\",\"address\":\"127.0.0.1:$(cat port)\",\"taskId\":\"${IRIS_TASK_ID%:*}\",\"attemptId\":${IRIS_TASK_ID##*:},\"access\":2}"
+echo registered
+sleep 600
+"#;
+
+/// `curl` as a caller from outside (an `X-Forwarded-For`, so loopback is not the anonymous
+/// admin): (status, body), or the body to a sink with `-o`.
+fn curl(args: &[&str]) -> (u16, String) {
+    let o = Command::new("curl")
+        .args([
+            "-sS",
+            "-H",
+            "X-Forwarded-For: 203.0.113.9",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(args)
+        .output()
+        .expect("run curl");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", &out));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 16, acceptance 2: from outside, `/proxy/<name>/` with the owner's token and a minted
+/// `/proxy/t/<token>/` URL reach the task's server; 100 MB stream through with flat controller
+/// memory; an expired token, another user's request, a private endpoint's capability and an
+/// unregistered name are refused without reaching the worker.
+#[test]
+fn endpoints_are_reached_through_the_proxy_only_by_who_may() {
+    let env = Env::start("");
+    let url = env.cluster.url.clone();
+    let alice = env.user("alice", "user");
+    let bob = env.user("bob", "user");
+    let (ok, out, err) = env.iris(
+        Some(&alice),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--job-name",
+            "site",
+            "--",
+            "sh",
+            "-c",
+            SITE_TASK,
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let bearer = |t: &str| format!("authorization: Bearer {t}");
+    common::wait_for(Duration::from_secs(60), "the endpoint to be listed", || {
+        let (ok, out, _) = env.iris(Some(&alice), &["endpoints", "list", "/alice/"]);
+        (ok && out.contains("/alice/site/web")).then_some(())
+    });
+    let (ok, out, err) = env.iris(
+        Some(&alice),
+        &["endpoints", "list", "/alice/site/web", "--exact"],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("link") && out.contains("/proxy/alice.site.web/"),
+        "{out}"
+    );
+
+    // The owner reaches it; the redirect keeps a browser under the prefix.
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&alice),
+        &format!("{url}/proxy/alice.site.web/"),
+    ]);
+    assert_eq!((code, body.trim()), (200, "proxied-hello"));
+    let (code, _) = curl(&[
+        "-H",
+        &bearer(&alice),
+        &format!("{url}/proxy/alice.site.web"),
+    ]);
+    assert_eq!(code, 307);
+    // Others are refused before anything is forwarded.
+    let (code, body) = curl(&["-H", &bearer(&bob), &format!("{url}/proxy/alice.site.web/")]);
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("owner"), "{body}");
+    let (code, body) = curl(&[&format!("{url}/proxy/alice.site.web/")]);
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = curl(&[
+        "-H",
+        &bearer(&alice),
+        &format!("{url}/proxy/alice.site.nope/"),
+    ]);
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("alice/site/nope"), "{body}");
+
+    // A capability URL: minted by the owner only, works without any other credential.
+    let (ok, _, err) = env.iris(Some(&bob), &["endpoints", "mint", "/alice/site/web"]);
+    assert!(!ok && err.contains("permission"), "{err}");
+    let (ok, out, err) = env.iris(
+        Some(&alice),
+        &["endpoints", "mint", "/alice/site/web", "--ttl-hours", "1"],
+    );
+    assert!(ok, "{err}");
+    let cap = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("url"))
+        .map(|u| u.trim().to_string())
+        .unwrap_or_else(|| panic!("no url in {out}"));
+    assert!(cap.contains("/proxy/t/") && !cap.contains(&alice), "{cap}");
+    let (code, body) = curl(&[&cap]);
+    assert_eq!((code, body.trim()), (200, "proxied-hello"));
+    // An expired capability, and one for another endpoint, are refused.
+    let expired = env.token(
+        "endpoint:/alice/site/web",
+        "endpoint",
+        "iris-proxy",
+        now() - 3 * 3600,
+        &[("scope", "proxy"), ("endpoint", "/alice/site/web")],
+    );
+    let (code, _) = curl(&[&format!("{url}/proxy/t/{expired}/alice.site.web/")]);
+    assert_eq!(code, 401);
+    let other = env.token(
+        "endpoint:/alice/site/db",
+        "endpoint",
+        "iris-proxy",
+        now(),
+        &[("scope", "proxy"), ("endpoint", "/alice/site/db")],
+    );
+    let (code, body) = curl(&[&format!("{url}/proxy/t/{other}/alice.site.web/")]);
+    assert_eq!(code, 403, "{body}");
+    // A capability token has no authority over the control plane.
+    let (ok, _, err) = env.iris(Some(&other), &["job", "list"]);
+    assert!(!ok && err.contains("permission"), "{err}");
+
+    // 100 MB stream through; the controller's peak memory barely moves.
+    let pid = env.cluster.controller_pid();
+    let before = peak_rss_kib(pid);
+    let (code, _) = curl(&[
+        "-H",
+        &bearer(&alice),
+        "-o",
+        "/dev/null",
+        &format!("{url}/proxy/alice.site.web/big"),
+    ]);
+    assert_eq!(code, 200);
+    let size = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{size_download}",
+            &format!("{cap}big"),
+        ])
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&size.stdout).trim(), "104857600");
+    let grown_mib = peak_rss_kib(pid).saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < 48,
+        "the controller's peak RSS grew {grown_mib} MiB streaming 200 MB"
+    );
+
+    // A task token registers only for its own job; a user only for theirs.
+    let (code, body) = common::http_post_json_with(
+        &url,
+        "/iris.cluster.EndpointService/RegisterEndpoint",
+        r#"{"name":"/alice/site/evil","address":"127.0.0.1:9","taskId":"/alice/site/0","attemptId":0}"#,
+        &[
+            ("authorization", &format!("Bearer {bob}")),
+            ("x-forwarded-for", "203.0.113.9"),
+        ],
+    );
+    assert_eq!(code, 403, "{body}");
+    // When the job ends, its endpoint is gone.
+    let (ok, _, err) = env.iris(Some(&alice), &["job", "cancel", "/alice/site"]);
+    assert!(ok, "{err}");
+    let (ok, out, _) = env.iris(Some(&alice), &["endpoints", "list", "/alice/"]);
+    assert!(ok && out.contains("No endpoints found."), "{out}");
+    let (code, _) = curl(&[&cap]);
+    assert_eq!(code, 404);
 }

@@ -65,7 +65,19 @@ impl Identity {
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
     }
+
+    /// For a capability token: the one endpoint it reaches.
+    pub fn endpoint_scope(&self) -> Option<&str> {
+        (self.role == Role::Endpoint)
+            .then(|| self.user_id.strip_prefix(ENDPOINT_SUBJECT_PREFIX))
+            .flatten()
+    }
 }
+
+/// The audience of capability tokens (`MintEndpointToken`): they reach `/proxy` only.
+pub const PROXY_AUDIENCE: &str = "iris-proxy";
+/// A capability token's subject is this prefix and its endpoint's name.
+pub const ENDPOINT_SUBJECT_PREFIX: &str = "endpoint:";
 
 tokio::task_local! {
     static CALLER: Identity;
@@ -92,7 +104,7 @@ fn now_secs() -> u64 {
 
 /// The verifier for the control plane: our issuer (and `iris`) with current + previous keys.
 pub fn control_plane_verifier(cfg: &AuthConfig) -> Verifier {
-    let mut v = Verifier::new(&["iris", "iris-proxy"]);
+    let mut v = Verifier::new(&["iris", PROXY_AUDIENCE]);
     for iss in [cfg.issuer.as_str(), "iris"] {
         v.trust(iss, cfg.keypair.verifying_key());
         for k in &cfg.previous_public_keys {
@@ -192,7 +204,19 @@ fn identity_from_token(
             ));
         }
     };
-    let role = if c.aud == "iris-proxy" {
+    let role = if c.aud == PROXY_AUDIENCE {
+        // A capability token: bound to one endpoint, by a claim and by its subject, and no
+        // other authority. One without both is not ours.
+        let bound = c.scope.as_deref() == Some("proxy")
+            && c.endpoint
+                .as_deref()
+                .is_some_and(|e| c.sub == format!("{ENDPOINT_SUBJECT_PREFIX}{e}"));
+        if !bound {
+            return Err(RpcError::new(
+                Code::Unauthenticated,
+                "invalid token: a proxy token must name its endpoint",
+            ));
+        }
         Role::Endpoint
     } else {
         resolve_role(cfg, &c.sub, &c.role)

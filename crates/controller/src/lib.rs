@@ -16,6 +16,7 @@ pub mod federation;
 mod highlights;
 mod inspect;
 mod limits;
+mod proxy;
 mod reconcile;
 mod rpc;
 pub mod spec;
@@ -65,6 +66,9 @@ pub struct Controller {
     db: Mutex<Db>,
     logs: Mutex<LogDb>,
     readonly: Mutex<ReadOnlyDb>,
+    /// Endpoint lookups (every proxied request, `ListEndpoints`) on their own WAL connection, so
+    /// they never wait for the writer.
+    endpoint_db: Mutex<Db>,
     verifier: Option<iris_auth::Verifier>,
     /// Verifies federation parents' tokens (`auth.federation_peers`).
     fed_verifier: Option<iris_auth::Verifier>,
@@ -85,6 +89,8 @@ pub struct Controller {
     /// One checkpoint at a time.
     checkpoint_lock: tokio::sync::Mutex<()>,
     admissions: tokio::sync::mpsc::UnboundedSender<Admission>,
+    /// The HTTP clients `/proxy` forwards with (kept for their connection pools).
+    upstreams: proxy::Upstreams,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -114,6 +120,7 @@ impl Controller {
         let readonly =
             iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
         let snap = Db::open(&db_path).context("opening snapshot connection")?;
+        let endpoint_db = Db::open(&db_path).context("opening endpoint connection")?;
         let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
         let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
@@ -127,6 +134,7 @@ impl Controller {
             db: Mutex::new(db),
             logs: Mutex::new(logs),
             readonly: Mutex::new(readonly),
+            endpoint_db: Mutex::new(endpoint_db),
             verifier,
             fed_verifier,
             fed,
@@ -142,6 +150,7 @@ impl Controller {
             remote,
             checkpoint_lock: tokio::sync::Mutex::new(()),
             admissions,
+            upstreams: proxy::Upstreams::new(),
         });
         let weak = Arc::downgrade(&ctl);
         // The admission batcher: a plain thread (SQLite is blocking). It ends when the controller
@@ -264,9 +273,10 @@ impl RunningController {
     }
 }
 
-/// The controller's HTTP routes (Connect services, blobs) with the request-size guard.
+/// The controller's HTTP routes: Connect services and blobs behind the request-size guard, and
+/// `/proxy` (whose bodies stream, unbounded).
 pub fn router(ctl: Arc<Controller>) -> axum::Router {
-    limits::guard(rpc::router(ctl))
+    limits::guard(rpc::router(ctl.clone())).merge(proxy::router(ctl))
 }
 
 /// Opens the state dir, binds, and starts the server, the tick and reconcilers for known workers.

@@ -10,8 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How often endpoints whose lease ran out are deleted (reads hide them at once).
+const ENDPOINT_SWEEP: Duration = Duration::from_secs(60);
+
 pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let mut last_cost = Duration::ZERO;
+    let mut last_sweep = std::time::Instant::now();
     loop {
         tokio::select! {
             _ = ctl.wake.notified() => {}
@@ -28,7 +32,16 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
         .await;
         let c = ctl.clone();
         let started = std::time::Instant::now();
+        let sweep = last_sweep.elapsed() >= ENDPOINT_SWEEP;
+        if sweep {
+            last_sweep = started;
+        }
         let res = tokio::task::spawn_blocking(move || {
+            if sweep {
+                if let Err(e) = c.sweep_endpoints() {
+                    tracing::error!(error = %e, "sweeping expired endpoints failed");
+                }
+            }
             let r = tick(&c);
             if let Err(e) = crate::federation::tick_pass(&c) {
                 tracing::error!(error = %e, "federation placement pass failed");

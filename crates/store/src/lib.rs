@@ -10,6 +10,7 @@
 pub mod apply;
 pub mod budgets;
 pub mod checkpoint;
+pub mod endpoints;
 pub mod events;
 pub mod federation;
 pub mod inspect;

@@ -297,4 +297,15 @@ CREATE TABLE job_secrets (
 ) WITHOUT ROWID;
 "#,
     ),
+    (
+        "0006_endpoint_indexes",
+        r#"
+-- The endpoint registry is read by name on every proxied request, by task when an attempt ends,
+-- and by peer when a federation sync replaces a peer's mirrored set.
+CREATE INDEX idx_endpoints_name ON endpoints(name);
+CREATE INDEX idx_endpoints_task ON endpoints(task_id);
+CREATE INDEX idx_endpoints_job ON endpoints(job_id);
+CREATE INDEX idx_endpoints_peer ON endpoints(peer_id);
+"#,
+    ),
 ];

@@ -5,6 +5,7 @@
 //! wire messages are converted to and from these types at the edges (the controller).
 
 pub mod constraint;
+pub mod endpoint;
 pub mod ids;
 pub mod resources;
 pub mod state;

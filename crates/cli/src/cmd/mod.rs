@@ -5,6 +5,7 @@
 
 pub(crate) mod attempt;
 pub(crate) mod cluster;
+pub(crate) mod endpoints;
 pub(crate) mod job;
 pub(crate) mod logs;
 pub(crate) mod query;

@@ -132,6 +132,15 @@ impl Federation {
         !self.cfg.peers.is_empty()
     }
 
+    /// A configured peer's base URL.
+    pub(crate) fn peer_address(&self, id: &str) -> Option<String> {
+        self.cfg
+            .peers
+            .iter()
+            .find(|p| p.id == id)
+            .map(|p| p.address.trim_end_matches('/').to_string())
+    }
+
     pub(crate) fn is_peer(&self, id: &str) -> bool {
         self.cfg.peers.iter().any(|p| p.id == id)
     }

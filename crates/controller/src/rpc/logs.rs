@@ -1,34 +1,12 @@
-//! Log RPCs (`LogService`) and `EndpointService`.
+//! Log RPCs (`LogService`).
 
 use crate::error::{Error, Result};
 use crate::{lock, Controller};
-use iris_proto::cluster::controller as c;
 use iris_proto::finelog::logging as fl;
 
 use super::now;
 
 impl Controller {
-    pub(crate) async fn list_endpoints(
-        &self,
-        req: c::ListEndpointsRequest,
-    ) -> Result<c::ListEndpointsResponse> {
-        let mut endpoints = Vec::new();
-        let log_name = "/system/log-server";
-        let matches = if req.exact {
-            req.prefix == log_name
-        } else {
-            log_name.starts_with(&req.prefix)
-        };
-        if matches {
-            endpoints.push(c::Endpoint {
-                name: log_name.into(),
-                address: self.url(),
-                ..Default::default()
-            });
-        }
-        Ok(c::ListEndpointsResponse { endpoints })
-    }
-
     pub(crate) async fn push_logs(&self, req: fl::PushLogsRequest) -> Result<fl::PushLogsResponse> {
         if req.key.is_empty() {
             return Err(Error::invalid(

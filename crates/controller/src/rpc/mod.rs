@@ -3,6 +3,7 @@
 //! JWKS and `/metrics`. The handlers live in one file per resource.
 
 mod admin;
+mod endpoints;
 mod jobs;
 mod logs;
 mod tasks;
@@ -183,6 +184,7 @@ async fn dispatch_inner(
             "ListBackends" => call!(list_backends),
             "GetKubernetesClusterStatus" => call!(get_kubernetes_cluster_status),
             "FederationSync" => call!(federation_sync),
+            "MintEndpointToken" => call!(mint_endpoint_token),
             _ => unimplemented(&service, m),
         },
         ("iris.inspect.InspectService", "ListTaskEvents") => call!(list_task_events),
@@ -191,7 +193,12 @@ async fn dispatch_inner(
         ("iris.inspect.InspectService", "ListResourceHolds") => call!(list_resource_holds),
         ("iris.inspect.InspectService", "ListHandoffs") => call!(list_handoffs),
         ("iris.inspect.InspectService", "GetCheckpointStatus") => call!(get_checkpoint_status),
-        ("iris.cluster.EndpointService", "ListEndpoints") => call!(list_endpoints),
+        ("iris.cluster.EndpointService", m) => match m {
+            "RegisterEndpoint" => call!(register_endpoint),
+            "UnregisterEndpoint" => call!(unregister_endpoint),
+            "ListEndpoints" => call!(list_endpoints),
+            _ => unimplemented(&service, m),
+        },
         ("finelog.logging.LogService", "FetchLogs") => call!(fetch_logs),
         ("finelog.logging.LogService", "PushLogs") => call!(push_logs),
         _ => unimplemented(&service, &method),

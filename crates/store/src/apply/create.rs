@@ -184,6 +184,10 @@ pub fn delete_job(tx: &Tx<'_>, job_id: &str) -> Result<()> {
 
 pub(crate) fn delete_job_raw(tx: &rusqlite::Connection, job_id: &str) -> Result<()> {
     tx.execute(
+        "DELETE FROM endpoints WHERE job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/'",
+        [job_id],
+    )?;
+    tx.execute(
         "DELETE FROM task_events WHERE task_id IN (SELECT task_id FROM tasks WHERE job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/')",
         [job_id],
     )?;

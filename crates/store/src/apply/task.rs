@@ -166,6 +166,11 @@ pub(crate) fn apply_raw(
             step.reason,
         ])?;
     }
+    // An endpoint belongs to its task's live attempt: when that attempt (or the task) ends, its
+    // service is gone, so its names must stop resolving in the same commit.
+    if terminal || step.attempt.is_some_and(|a| a.is_terminal()) {
+        crate::endpoints::drop_for_task(tx, task_id)?;
+    }
     let msg = match (&step.error, step.attempt) {
         (Some(e), _) => format!("{} -> {}: {}", ctx.state, step.task, e),
         (None, _) => format!("{} -> {}", ctx.state, step.task),
