@@ -135,7 +135,10 @@ fn proxy_speaks_http2_upgrades_and_names_failures() {
         assert_eq!(r.version(), reqwest::Version::HTTP_2);
         let body = r.text().await.expect("body");
         assert_eq!(body, "HTTP/2.0 /a/b?q=1 prefix=/proxy/u.px.ver", "{body}");
-        let h1 = reqwest::Client::builder().http1_only().build().expect("client");
+        let h1 = reqwest::Client::builder()
+            .http1_only()
+            .build()
+            .expect("client");
         let body = h1
             .get(format!("{}/proxy/u.px.ver/x", c.url))
             .send()
@@ -154,7 +157,10 @@ fn proxy_speaks_http2_upgrades_and_names_failures() {
             .expect("slow");
         assert_eq!(r.status(), 504);
         let body = r.text().await.expect("body");
-        assert!(body.contains("/u/px/slow") && body.contains("proxy_timeout_seconds"), "{body}");
+        assert!(
+            body.contains("/u/px/slow") && body.contains("proxy_timeout_seconds"),
+            "{body}"
+        );
         assert!(t0.elapsed() < Duration::from_secs(60));
         let r = h1
             .get(format!("{}/proxy/u.px.gone/", c.url))

@@ -30,12 +30,14 @@ impl Table {
 #[derive(Clone)]
 pub struct Api {
     cl: Client,
+    controller_url: String,
 }
 
 impl Api {
     pub fn new(controller_url: &str) -> Result<Api, RpcError> {
         Ok(Api {
             cl: Client::new(controller_url)?,
+            controller_url: controller_url.trim_end_matches('/').to_string(),
         })
     }
 
@@ -49,7 +51,28 @@ impl Api {
                 .clone()
                 .with_token(token)
                 .with_forwarded_for(Some(peer.to_string())),
+            controller_url: self.controller_url.clone(),
         }
+    }
+
+    /// The controller's URL (where `/proxy` links point).
+    pub fn controller_url(&self) -> &str {
+        &self.controller_url
+    }
+
+    /// Live endpoints whose name starts with `prefix`.
+    pub async fn list_endpoints(&self, prefix: &str) -> Result<c::ListEndpointsResponse, RpcError> {
+        self.cl
+            .call(
+                "iris.cluster.EndpointService",
+                "ListEndpoints",
+                &c::ListEndpointsRequest {
+                    prefix: prefix.to_string(),
+                    ..Default::default()
+                },
+                TIMEOUT,
+            )
+            .await
     }
 
     async fn ctl<Req: prost::Message, Resp: prost::Message + Default>(

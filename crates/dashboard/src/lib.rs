@@ -265,10 +265,11 @@ async fn job(
         job_id: id.clone(),
         ..Default::default()
     };
-    let (status, tasks, attempts) = tokio::join!(
+    let (status, tasks, attempts, endpoints) = tokio::join!(
         api.job_status(&id),
         api.list_tasks(&id),
-        api.list_attempts(&attempts_req)
+        api.list_attempts(&attempts_req),
+        api.list_endpoints("")
     );
     let status = match status {
         Ok(s) => s,
@@ -297,8 +298,17 @@ async fn job(
     } else {
         None
     };
+    // The job's own tasks' endpoints (names need not share the job's prefix).
+    let endpoints: Vec<_> = endpoints
+        .map(|r| r.endpoints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.task_id.rsplit_once('/').map(|(job, _)| job) == Some(id.as_str()))
+        .collect();
     let view = pages::JobView {
         job: j,
+        endpoints: &endpoints,
+        controller_url: api.controller_url(),
         request: status.request.as_ref(),
         tasks: &tasks,
         attempts: &attempts,

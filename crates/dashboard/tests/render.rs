@@ -237,8 +237,18 @@ fn job_page_shows_tasks_timeline_and_children() {
         total_count: 1,
         has_more: false,
     };
+    let endpoints = vec![c::Endpoint {
+        endpoint_id: "ep-1".into(),
+        name: format!("{}/coordinator", j.job_id),
+        address: "10.0.0.5:8476".into(),
+        task_id: format!("{}/0", j.job_id),
+        access: 2,
+        ..Default::default()
+    }];
     let v = pages::JobView {
         job: &j,
+        endpoints: &endpoints,
+        controller_url: "http://ctl:10000",
         request: None,
         tasks: &tasks,
         attempts: &attempts,
@@ -252,6 +262,10 @@ fn job_page_shows_tasks_timeline_and_children() {
     assert!(html.contains("<svg class=\"timeline\""));
     assert!(html.contains("attempt 0: failed, exit 1 on w0"));
     assert!(html.contains("Child jobs (1)"));
+    assert!(html.contains("Endpoints (1)"));
+    assert!(html.contains(
+        "href=\"http://ctl:10000/proxy/alice.train-run-with-a-long-name-00001.coordinator/\""
+    ));
     assert!(html.contains("/task/alice/train-run-with-a-long-name-00001/0"));
     let mut killed = j.clone();
     killed.state = 6;

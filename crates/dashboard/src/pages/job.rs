@@ -33,6 +33,10 @@ pub fn attempts_from(rows: &[pb::AttemptSummary]) -> Attempts {
 
 pub struct JobView<'a> {
     pub job: &'a job::JobStatus,
+    /// The endpoints its tasks registered.
+    pub endpoints: &'a [c::Endpoint],
+    /// Where `/proxy` links point.
+    pub controller_url: &'a str,
     pub request: Option<&'a c::LaunchJobRequest>,
     pub tasks: &'a [job::TaskStatus],
     pub attempts: &'a Attempts,
@@ -165,6 +169,30 @@ pub fn job_page(v: &JobView<'_>) -> Page {
                         @else { a href=(format!("{base}?tpage={p}")) { (p) } }
                     }
                 }
+            }
+        }
+        @if !v.endpoints.is_empty() {
+            section aria-labelledby="endpoints-h" {
+                h2 #endpoints-h { "Endpoints (" (v.endpoints.len()) ")" }
+                div.tablewrap { table {
+                    caption.sr-only { "Services the tasks of " (j.job_id) " registered" }
+                    thead { tr {
+                        th scope="col" { "Name" } th scope="col" { "Task" } th scope="col" { "Address" }
+                        th scope="col" { "Access" } th scope="col" { "Through the controller" }
+                    } }
+                    tbody {
+                        @for e in v.endpoints {
+                            @let proxy = format!("{}/proxy/{}/", v.controller_url, iris_types::endpoint::encode_proxy_name(&e.name));
+                            tr {
+                                td.id { (e.name) }
+                                td { a href=(fmt::id_path("task", &e.task_id)) { "task " (task_index(&e.task_id)) } }
+                                td { code { (e.address) } }
+                                td { (iris_types::endpoint::Access::from_code(e.access).map(|a| a.name()).unwrap_or("unknown")) }
+                                td { @if e.peer_id.is_empty() { a href=(proxy) { "open" } } @else { "on peer " (e.peer_id) } }
+                            }
+                        }
+                    }
+                } }
             }
         }
         @if let Some(ch) = v.children {
