@@ -496,3 +496,82 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
         assert_eq!(a.job_state(j).as_deref(), Some("succeeded"), "{j} on cw-a");
     }
 }
+
+/// Issue 16, acceptance 4: a job the hub handed to a peer registers an endpoint there; the hub
+/// lists it (with the peer's id) and its `/proxy` reaches it, forwarding to the peer's proxy
+/// under a federation token; when the job ends, the hub's mirror of it is gone.
+#[test]
+fn a_hub_lists_and_proxies_the_endpoints_of_jobs_on_a_peer() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (hub_key, hub_pub) = init_keys(keys.path(), "hub");
+    let (a_key, _) = init_keys(keys.path(), "cw-a");
+    let a = TestCluster::start_with_config(
+        &[WorkerSpec::cpu(8).device("gpu:H100:8")],
+        Some(&peer_yaml("cw-a", &a_key, ("hub", &hub_pub), "[alice]")),
+    );
+    let mut hub = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(4)],
+        Some(&hub_yaml(&hub_key, &[("cw-a", &a.url)])),
+        &hub_args(),
+    );
+    let alice = user_token(&hub_key, "alice");
+    hub.set_cli_token(Some(alice.clone()));
+    wait_reachable(&hub, "cw-a", true);
+    let script = r#"set -e
+mkdir -p site && echo served-on-the-peer > site/index.html
+python3 - <<'PY' &
+import functools, http.server, os
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory="site")
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+open("port.tmp", "w").write(str(s.server_address[1])); os.rename("port.tmp", "port")
+s.serve_forever()
+PY
+while [ ! -s port ]; do sleep 0.1; done
+JOB="${IRIS_TASK_ID%/*}"
+curl -sS --fail-with-body -X POST "$IRIS_CONTROLLER_ADDRESS/iris.cluster.EndpointService/RegisterEndpoint" \
+  -H 'content-type: application/json' -H "authorization: Bearer $IRIS_TASK_TOKEN" \
+  -d "{\"name\":\"$JOB/web\",\"address\":\"127.0.0.1:$(cat port)\",\"taskId\":\"${IRIS_TASK_ID%:*}\",\"attemptId\":${IRIS_TASK_ID##*:}}"
+sleep 600
+"#;
+    let job = run(&hub, "served", &["--gpu", "H100x8"], &["sh", "-c", script]);
+    let name = format!("{job}/web");
+    wait_for(LONG, "the hub to list the peer's endpoint", || {
+        let o = hub.iris(&["endpoints", "list", &name, "--exact"]);
+        o.stdout.contains("cw-a").then_some(())
+    });
+    let enc = name.trim_start_matches('/').replace('/', ".");
+    let body = wait_for(LONG, "the hub's proxy to reach the peer's task", || {
+        let o = std::process::Command::new("curl")
+            .args(["-sS", "-H", "X-Forwarded-For: 203.0.113.9", "-H"])
+            .arg(format!("authorization: Bearer {alice}"))
+            .arg(format!("{}/proxy/{enc}/", hub.url))
+            .output()
+            .expect("curl");
+        let body = String::from_utf8_lossy(&o.stdout).into_owned();
+        body.contains("served-on-the-peer").then_some(body)
+    });
+    assert_eq!(body.trim(), "served-on-the-peer");
+    // Another user of the hub is refused there, before the peer is asked.
+    let bob = user_token(&hub_key, "bob");
+    let o = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "X-Forwarded-For: 203.0.113.9",
+            "-H",
+        ])
+        .arg(format!("authorization: Bearer {bob}"))
+        .arg(format!("{}/proxy/{enc}/", hub.url))
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "403");
+    hub.iris(&["job", "cancel", &job]).ok();
+    wait_for(LONG, "the hub's mirror of the endpoint to go", || {
+        let o = hub.iris(&["endpoints", "list", &name, "--exact"]);
+        o.stdout.contains("No endpoints found.").then_some(())
+    });
+}

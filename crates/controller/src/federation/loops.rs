@@ -292,12 +292,15 @@ async fn pull(ctl: &Arc<Controller>, client: &iris_rpc::Client, peer: &str) -> R
             Duration::from_secs(60),
         )
         .await?;
-    if resp.deltas.is_empty() && resp.next_cursor == cursor {
-        return Ok(());
-    }
     let now = iris_store::now_ms();
+    let endpoints = mirrored_endpoints(&resp.endpoints, now);
     let mut conn = ctl.db();
     let tx = conn.begin()?;
+    iris_store::endpoints::replace_for_peer(&tx, peer, &endpoints)?;
+    if resp.deltas.is_empty() && resp.next_cursor == cursor {
+        tx.commit()?;
+        return Ok(());
+    }
     for d in &resp.deltas {
         if !sf::root_sent_to(&tx, &d.job_id, peer)? {
             tracing::warn!(job = %d.job_id, peer = %peer, "ignoring a delta for a job not handed to this peer");
@@ -314,6 +317,38 @@ async fn pull(ctl: &Arc<Controller>, client: &iris_rpc::Client, peer: &str) -> R
     sf::set_cursor(&tx, peer, &resp.next_cursor)?;
     tx.commit()?;
     Ok(())
+}
+
+/// A peer's reported endpoints as the hub keeps them: expiring after the lease the peer says
+/// is left (relative, so clock skew does not matter), never later than a fresh lease.
+fn mirrored_endpoints(
+    reported: &[c::FederationEndpoint],
+    now: i64,
+) -> Vec<iris_store::endpoints::Endpoint> {
+    reported
+        .iter()
+        .filter_map(|e| {
+            let job_id = e.task_id.rsplit_once('/')?.0.to_string();
+            let left = e
+                .lease_remaining
+                .as_ref()
+                .map(|d| d.milliseconds)
+                .unwrap_or(crate::rpc::endpoints::LEASE_MS)
+                .clamp(0, crate::rpc::endpoints::LEASE_MS);
+            Some(iris_store::endpoints::Endpoint {
+                endpoint_id: e.endpoint_id.clone(),
+                name: e.name.clone(),
+                address: e.address.clone(),
+                task_id: e.task_id.clone(),
+                job_id,
+                metadata: e.metadata.clone().into_iter().collect(),
+                registered_at_ms: now,
+                lease_deadline_ms: Some(now + left),
+                access: iris_types::endpoint::Access::from_code(e.access).unwrap_or_default(),
+                peer_id: None,
+            })
+        })
+        .collect()
 }
 
 fn ms(t: &Option<iris_proto::time::Timestamp>) -> Option<i64> {

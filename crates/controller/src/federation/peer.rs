@@ -131,11 +131,28 @@ impl Controller {
                 tombstone: false,
             });
         }
+        // The requester's whole endpoint set every time (not only changes): it replaces its
+        // mirror of them, so a lapsed lease or an ended attempt disappears there within a sync.
+        let now = crate::rpc::now();
+        let endpoints = iris_store::endpoints::for_requester(&*conn, &req.requester_id, now)?
+            .into_iter()
+            .map(|e| c::FederationEndpoint {
+                lease_remaining: e.lease_deadline_ms.map(|d| iris_proto::time::Duration {
+                    milliseconds: (d - now).max(0),
+                }),
+                endpoint_id: e.endpoint_id,
+                name: e.name,
+                address: e.address,
+                task_id: e.task_id,
+                access: e.access.code(),
+                metadata: e.metadata.into_iter().collect(),
+            })
+            .collect();
         Ok(c::FederationSyncResponse {
             deltas,
             next_cursor: ch.max_seq.to_string(),
             cursor_stale: ch.stale,
-            endpoints: Vec::new(),
+            endpoints,
             budget_usage: None,
         })
     }

@@ -3,7 +3,7 @@
 //! JWKS and `/metrics`. The handlers live in one file per resource.
 
 mod admin;
-mod endpoints;
+pub(crate) mod endpoints;
 mod jobs;
 mod logs;
 mod tasks;
