@@ -655,6 +655,14 @@ def actor_call_through_the_proxy():
             capture_output=True, text=True, timeout=120, env=env, cwd=WORKSPACE,
         )
         assert r.returncode == 0 and '"sum": 42' in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+        # The `rpc actor` group talks to whatever URL it is given: the endpoint's /proxy path.
+        proxied = ARGS.controller_url.rstrip("/") + "/proxy/" + endpoint.strip("/").replace("/", ".")
+        for method, want in (("health-check", '"healthy": true'), ("list-actors", endpoint)):
+            r = subprocess.run(
+                [ARGS.iris, "--controller-url", proxied, "rpc", "actor", method],
+                capture_output=True, text=True, timeout=120, env=env, cwd=WORKSPACE,
+            )
+            assert r.returncode == 0 and want in r.stdout, (method, r.returncode, r.stdout, r.stderr[-2000:])
     finally:
         iris("job", "cancel", job_id("actor"))
 

@@ -19,6 +19,9 @@ pub enum BenchCmd {
     /// Federation: hub-to-peer handoff throughput, and the submit-to-RUNNING latency a handoff
     /// adds (a hub and its peers in-process, null-auth).
     Federation(crate::bench_federation::FederationArgs),
+    /// `/proxy`: requests per second and the latency it adds over a direct connection, for small
+    /// and 1 MiB bodies (controller, worker and upstream in-process).
+    Proxy(crate::bench_proxy::ProxyArgs),
 }
 
 #[derive(Args)]
@@ -70,6 +73,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     let result = match cmd {
         BenchCmd::Submit(a) => submit(&url, a).await,
         BenchCmd::Latency(a) => latency(&url, &dir, a).await,
+        BenchCmd::Proxy(a) => crate::bench_proxy::run(&url, &dir, a).await,
         BenchCmd::Memory(_) | BenchCmd::Federation(_) => unreachable!("handled above"),
     };
     ctl.shutdown().await;
@@ -134,7 +138,11 @@ async fn submit(url: &str, a: SubmitArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Result<i32> {
+/// One in-process worker for the benchmarks that run jobs; returns once it has registered.
+pub(crate) async fn start_worker(
+    url: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<iris_worker::RunningWorker> {
     let w = iris_worker::start(iris_worker::WorkerConfig {
         controller_url: url.to_string(),
         worker_id: "worker-bench-0".into(),
@@ -152,7 +160,6 @@ async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Re
     })
     .await?;
     let cl = iris_rpc::Client::new(url)?;
-    // Wait for registration.
     for _ in 0..200 {
         let r: c::ListWorkersResponse = cl
             .call(
@@ -167,6 +174,12 @@ async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Re
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok(w)
+}
+
+async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Result<i32> {
+    let w = start_worker(url, dir).await?;
+    let cl = iris_rpc::Client::new(url)?;
     let mut lat = Vec::new();
     for i in 0..a.jobs {
         let name = format!("/bench/lat-{i}");

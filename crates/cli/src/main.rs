@@ -7,6 +7,7 @@
 mod bench;
 mod bench_federation;
 mod bench_memory;
+mod bench_proxy;
 mod client;
 mod cmd;
 mod config;
