@@ -361,6 +361,20 @@ impl Role {
 }
 
 /// The dashboard role's read-only allowlist.
+/// The dashboard's session cookie: a browser that logged in there presents its token with it, to
+/// the dashboard and to the controller's `/proxy` (same host, so the same cookie jar).
+pub const SESSION_COOKIE: &str = "iris_session";
+
+/// The session token among a request's `Cookie` header values.
+pub fn session_token<'a>(cookie_headers: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    cookie_headers
+        .into_iter()
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == SESSION_COOKIE)
+        .map(|(_, v)| v.to_string())
+}
+
 pub const DASHBOARD_METHODS: &[&str] = &[
     "GetJobStatus",
     "GetJobState",

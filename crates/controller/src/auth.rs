@@ -204,23 +204,23 @@ fn identity_from_token(
             ));
         }
     };
-    let role = if c.aud == PROXY_AUDIENCE {
-        // A capability token: bound to one endpoint, by a claim and by its subject, and no
-        // other authority. One without both is not ours.
-        let bound = c.scope.as_deref() == Some("proxy")
-            && c.endpoint
-                .as_deref()
-                .is_some_and(|e| c.sub == format!("{ENDPOINT_SUBJECT_PREFIX}{e}"));
-        if !bound {
-            return Err(RpcError::new(
+    if c.aud == PROXY_AUDIENCE {
+        // A capability token: bound to the one endpoint its `endpoint` claim names (as the
+        // reference's are), with no other authority. One without the claim is not ours.
+        return match (c.scope.as_deref(), c.endpoint.as_deref()) {
+            (Some("proxy"), Some(e)) if !e.is_empty() => Ok(Identity {
+                user_id: format!("{ENDPOINT_SUBJECT_PREFIX}{e}"),
+                role: Role::Endpoint,
+                job_id: None,
+                anonymous: false,
+            }),
+            _ => Err(RpcError::new(
                 Code::Unauthenticated,
                 "invalid token: a proxy token must name its endpoint",
-            ));
-        }
-        Role::Endpoint
-    } else {
-        resolve_role(cfg, &c.sub, &c.role)
-    };
+            )),
+        };
+    }
+    let role = resolve_role(cfg, &c.sub, &c.role);
     Ok(Identity {
         user_id: c.sub,
         role,

@@ -38,8 +38,6 @@ const METHODS: [Method; 7] = [
     Method::HEAD,
     Method::OPTIONS,
 ];
-/// The dashboard's session cookie: a browser that logged in there reaches `/proxy` too.
-const SESSION_COOKIE: &str = "iris_session";
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -153,14 +151,12 @@ fn credentials(headers: &HeaderMap, path_token: Option<&str>) -> HeaderMap {
         if headers.contains_key(header::AUTHORIZATION) {
             return None;
         }
-        headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|kv| kv.trim().split_once('='))
-            .find(|(k, _)| *k == SESSION_COOKIE)
-            .map(|(_, v)| v.to_string())
+        iris_auth::session_token(
+            headers
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+        )
     });
     if let Some(t) = token {
         if let Ok(v) = HeaderValue::from_str(&format!("Bearer {t}")) {
@@ -340,14 +336,20 @@ fn join(base: &str, rest: &str, query: Option<&str>) -> String {
     u
 }
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and the caller's credentials never go upstream.
-fn strip_request_headers(h: &mut HeaderMap, upgrade: bool) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
+/// The headers a `Connection` header names as hop-by-hop.
+fn connection_tokens(h: &HeaderMap) -> Vec<HeaderName> {
+    h.get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and the caller's credentials never go upstream.
+fn strip_request_headers(h: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = connection_tokens(h)
+        .into_iter()
         .filter(|n| !(upgrade && *n == header::UPGRADE))
         .collect();
     for n in named {
@@ -527,14 +529,7 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// Drops hop-by-hop headers and cookies the upstream sets (they would be scoped to the
 /// controller's origin, shared by every endpoint), and keeps redirects under the proxy prefix.
 fn rewrite_response_headers(h: &mut HeaderMap, upstream: &Uri, prefix: &str) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
+    for n in connection_tokens(h) {
         h.remove(n);
     }
     for n in [

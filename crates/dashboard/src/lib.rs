@@ -104,7 +104,7 @@ pub fn router(api: Api) -> Router {
         .with_state(api)
 }
 
-const SESSION_COOKIE: &str = "iris_session";
+use iris_auth::SESSION_COOKIE;
 
 /// Login and per-request identity: `?session_token=T` sets the session cookie and redirects to
 /// the same URL without the token; every other request gets an [`Api`] acting for its caller.
@@ -134,15 +134,12 @@ async fn session(State(api): State<Api>, mut req: Request, next: Next) -> Respon
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         return r;
     }
-    let cookie_token = req
-        .headers()
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == SESSION_COOKIE)
-        .map(|(_, v)| v.to_string());
+    let cookie_token = iris_auth::session_token(
+        req.headers()
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+    );
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
