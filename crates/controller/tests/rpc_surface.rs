@@ -278,7 +278,7 @@ async fn unknown_methods_are_unimplemented_and_unknown_paths_a_plain_404() {
     let e = h
         .client
         .call::<_, job::Empty>(
-            "proxy/other-endpoint/x.Y",
+            "no/such/x.Y",
             "Z",
             &job::Empty {},
             Duration::from_secs(5),
