@@ -242,6 +242,7 @@ fn short_id() -> String {
 }
 
 pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
+    let stop = shutdown_signal();
     if !a.local {
         anyhow::bail!("only --local clusters can be started from here; for a remote controller run `iris cluster controller serve` on its VM");
     }
@@ -325,7 +326,9 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
         run_sample(&cl).await?
     } else {
         println!("Press Ctrl-C to stop.");
-        let _ = tokio::signal::ctrl_c().await;
+        // SIGTERM too: a supervisor (systemd, Kubernetes, a test) stops us with it, and the
+        // workers must stop their tasks on the way out.
+        stop.recv().await;
         0
     };
     for w in workers {
@@ -378,6 +381,7 @@ async fn run_sample(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
 }
 
 pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
+    let stop = shutdown_signal();
     if a.dry_run {
         return crate::dry_run::report(a.config.as_deref());
     }
@@ -463,7 +467,7 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         Some(bind) => Some(start_dashboard(&url, bind, None).await?),
         None => None,
     };
-    shutdown_signal().await;
+    stop.recv().await;
     if let Some(d) = dashboard {
         d.shutdown().await;
     }
@@ -612,21 +616,36 @@ async fn start_dashboard(
     Ok(handle)
 }
 
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(t) => t,
-        Err(_) => {
+/// SIGTERM (listened for from the moment this is made, so one that arrives while a daemon is
+/// still starting is not lethal: its default action would kill the process and leave its
+/// workers' tasks running), or Ctrl-C once the daemon is up (during startup Ctrl-C still
+/// interrupts at once).
+struct ShutdownSignal {
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+fn shutdown_signal() -> ShutdownSignal {
+    use tokio::signal::unix::{signal, SignalKind};
+    ShutdownSignal {
+        term: signal(SignalKind::terminate()).ok(),
+    }
+}
+
+impl ShutdownSignal {
+    async fn recv(self) {
+        let Some(mut term) = self.term else {
             let _ = tokio::signal::ctrl_c().await;
             return;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }
 
 pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<i32> {
+    let stop = shutdown_signal();
     let url = match url {
         Some(u) => u,
         None => {
@@ -691,7 +710,7 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
     })
     .await?;
     println!("Worker {id} serving at {}", w.addr);
-    shutdown_signal().await;
+    stop.recv().await;
     w.shutdown().await;
     Ok(0)
 }

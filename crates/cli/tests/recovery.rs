@@ -725,3 +725,166 @@ fn serve_refuses_a_db_written_by_a_newer_iris() {
         "it never served"
     );
 }
+
+/// Issue 18, acceptance 1 (first half): a controller restarted (kill -9) on its state dir after
+/// its workers died too gives no work to those workers: 200 jobs submitted before any new worker
+/// comes wait for one, and none is ever assigned to a worker of the previous run.
+#[test]
+fn a_restarted_controller_gives_nothing_to_the_workers_of_its_previous_run() {
+    let mut c = TestCluster::start(&[WorkerSpec::cpu(4)]);
+    c.kill_controller();
+    c.kill_worker("w0");
+    c.start_controller_again();
+    for i in 0..200 {
+        let (code, body) = try_post(
+            &c.url,
+            "/iris.cluster.ControllerService/LaunchJob",
+            &launch_body(&format!("/u/after-restart-{i}"), "true", json!({})),
+        )
+        .expect("submit");
+        assert_eq!(code, 200, "{body}");
+    }
+    let registered = Instant::now();
+    c.add_worker(&WorkerSpec::cpu(4));
+    wait_until(Duration::from_secs(120), "all 200 jobs to succeed", || {
+        (0..200)
+            .all(|i| c.job_state(&format!("/u/after-restart-{i}")).as_deref() == Some("succeeded"))
+    });
+    println!(
+        "200 jobs succeeded {:.2}s after the new worker registered",
+        registered.elapsed().as_secs_f64()
+    );
+    let attempts = c.attempts_under("/u/after-restart-");
+    assert_eq!(
+        attempts.len(),
+        200,
+        "one attempt each: none lost to a dead worker"
+    );
+    assert!(
+        attempts.iter().all(|a| a.worker_id == "w1"),
+        "attempts went to {:?}",
+        attempts
+            .iter()
+            .map(|a| &a.worker_id)
+            .collect::<BTreeSet<_>>()
+    );
+}
+
+/// Issue 18, acceptance 2: a second controller on a state dir in use refuses at once, naming
+/// the first one's PID and address; the first keeps serving.
+#[test]
+fn a_second_controller_on_the_same_state_dir_refuses_and_names_the_first() {
+    let c = TestCluster::start(&[WorkerSpec::cpu(2)]);
+    let state = c.state_dir.to_string_lossy().into_owned();
+    let second = iris_in(
+        &c.ws,
+        &[],
+        &[
+            "cluster",
+            "controller",
+            "serve",
+            "--state-dir",
+            &state,
+            "--bind",
+            "127.0.0.1:0",
+        ],
+    );
+    assert_ne!(second.code, 0, "{}{}", second.stdout, second.stderr);
+    let pid = c.controller_pid().to_string();
+    assert!(
+        second.stderr.contains(&format!("pid {pid}")) && second.stderr.contains(&c.url),
+        "{}",
+        second.stderr
+    );
+    // A second local cluster on it is refused the same way.
+    let third = iris_in(
+        &c.ws,
+        &[],
+        &["cluster", "start", "--local", "--state-dir", &state],
+    );
+    assert_ne!(third.code, 0);
+    assert!(
+        third.stderr.contains(&format!("pid {pid}")),
+        "{}",
+        third.stderr
+    );
+    let job = c.submit("still-serving", &[], &["true"]);
+    wait_until(
+        Duration::from_secs(60),
+        "the first controller to run a job",
+        || c.job_state(&job).as_deref() == Some("succeeded"),
+    );
+}
+
+/// Issue 18, acceptance 1 (second half): SIGTERM stops `cluster start --local` cleanly: exit 0,
+/// its tasks' processes gone, the recorded URL removed.
+#[test]
+fn sigterm_stops_a_local_cluster_and_its_tasks() {
+    let dir = tempfile::tempdir().expect("dir");
+    let state = dir.path().join("state");
+    let mut cluster = Daemon::spawn(
+        dir.path(),
+        &[],
+        &[
+            "cluster",
+            "start",
+            "--local",
+            "--state-dir",
+            &state.to_string_lossy(),
+        ],
+        &dir.path().join("cluster.log"),
+    );
+    let url_file = state.join("controller.url");
+    let url = wait_for(Duration::from_secs(60), "the local cluster's URL", || {
+        std::fs::read_to_string(&url_file)
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+    });
+    let marker = format!("iris-sigterm-{}", std::process::id());
+    let out = iris_in(
+        dir.path(),
+        &[],
+        &[
+            "--controller-url",
+            url.trim(),
+            "job",
+            "run",
+            "--no-wait",
+            "--",
+            "sh",
+            "-c",
+            &format!("sleep 600; : {marker}"),
+        ],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let running = |m: &str| {
+        std::process::Command::new("pgrep")
+            .args(["-f", m])
+            .output()
+            .map(|o| !o.stdout.is_empty())
+            .unwrap_or(false)
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "the task's process to start",
+        || running(&marker),
+    );
+    let t = Instant::now();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &cluster.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let status = cluster.wait_exit(Duration::from_secs(60)).expect("exited");
+    println!(
+        "cluster start --local exited {:.2}s after SIGTERM",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(status.success(), "{status}");
+    wait_until(
+        Duration::from_secs(10),
+        "the task's process to be gone",
+        || !running(&marker),
+    );
+    assert!(!url_file.exists(), "the recorded URL is removed");
+}

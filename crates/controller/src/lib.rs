@@ -79,6 +79,10 @@ pub struct Controller {
     snap: Mutex<Db>,
     wake: Notify,
     workers: Mutex<HashMap<String, WorkerLink>>,
+    /// Workers that registered with, or answered a reconcile from, this run of the controller.
+    /// Only they get new work: after a restart the DB still lists the previous run's workers,
+    /// which may be gone.
+    confirmed: Mutex<std::collections::HashSet<String>>,
     specs: Mutex<HashMap<String, Arc<JobSpec>>>,
     pending_reasons: Mutex<HashMap<String, String>>,
     generation: std::sync::atomic::AtomicU64,
@@ -142,6 +146,7 @@ impl Controller {
             snap: Mutex::new(snap),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),
+            confirmed: Mutex::new(std::collections::HashSet::new()),
             specs: Mutex::new(HashMap::new()),
             pending_reasons: Mutex::new(HashMap::new()),
             generation: std::sync::atomic::AtomicU64::new(0),
@@ -259,6 +264,8 @@ pub struct RunningController {
     pub addr: SocketAddr,
     shutdown: tokio::sync::watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
+    /// One controller per state dir, for as long as this one runs.
+    _state_lock: iris_rpc::dirlock::DirLock,
 }
 
 impl RunningController {
@@ -282,6 +289,11 @@ pub fn router(ctl: Arc<Controller>) -> axum::Router {
 /// Opens the state dir, binds, and starts the server, the tick and reconcilers for known workers.
 pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     let bind = cfg.bind;
+    std::fs::create_dir_all(&cfg.state_dir)
+        .with_context(|| format!("creating state dir {}", cfg.state_dir.display()))?;
+    // Before anything reads or writes the state dir (a restore, the DB): two controllers on one
+    // DB would assign tasks to each other's workers.
+    let state_lock = iris_rpc::dirlock::DirLock::acquire(&cfg.state_dir, "controller")?;
     // Rollback requests and restores happen before the DB is opened.
     let prepared = checkpoint::prepare(&cfg).await?;
     let ctl = Controller::open(cfg)?;
@@ -290,6 +302,9 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
         .with_context(|| format!("binding controller to {bind}"))?;
     let addr = listener.local_addr()?;
     *lock(&ctl.advertised) = format!("http://{addr}");
+    state_lock
+        .record(Some(&format!("http://{addr}")))
+        .with_context(|| format!("writing {}", state_lock.path().display()))?;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let app = router(ctl.clone());
     // Owned by RunningController: stops when the shutdown channel fires.
@@ -320,5 +335,6 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
         addr,
         shutdown: tx,
         server,
+        _state_lock: state_lock,
     })
 }

@@ -84,11 +84,23 @@ pub(crate) fn registration_of(
 }
 
 /// Registers (or refreshes) a worker in one transaction.
+impl Controller {
+    /// Marks a worker as heard from in this run (it may get work); true if it was not yet.
+    pub(crate) fn confirm_worker(&self, worker_id: &str) -> bool {
+        lock(&self.confirmed).insert(worker_id.to_string())
+    }
+
+    pub(crate) fn is_confirmed(&self, worker_id: &str) -> bool {
+        lock(&self.confirmed).contains(worker_id)
+    }
+}
+
 pub(crate) fn upsert_worker(
     ctl: &Controller,
     req: &c::RegisterRequest,
     md: &job::WorkerMetadata,
 ) -> Result<()> {
+    ctl.confirm_worker(&req.worker_id);
     let reg = registration_of(req, md);
     let mut conn = ctl.db();
     let tx = conn.begin()?;
@@ -314,7 +326,8 @@ async fn reconcile_loop(
             Ok(resp) => {
                 failures = 0;
                 last_ok = Instant::now();
-                let changed = apply_response(&ctl, &worker_id, resp);
+                let confirmed = ctl.confirm_worker(&worker_id);
+                let changed = apply_response(&ctl, &worker_id, resp) || confirmed;
                 if changed {
                     ctl.wake();
                 }

@@ -94,7 +94,11 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     let tx = snap.begin_read()?;
     let expired = snapshot::past_scheduling_deadline(&tx, now)?;
     let timed_out = snapshot::past_execution_timeout(&tx, now)?;
-    let workers = load_workers(&tx)?;
+    let mut workers = load_workers(&tx)?;
+    for w in &mut workers {
+        // A worker of a previous run that has not come back gets nothing until it does.
+        w.healthy &= ctl.is_confirmed(&w.id);
+    }
     let addresses = iris_store::workers::addresses(&tx)?;
     let mut running = Vec::new();
     for h in snapshot::holdings(&tx)? {

@@ -277,12 +277,7 @@ async fn unknown_methods_are_unimplemented_and_unknown_paths_a_plain_404() {
     // A path no route serves: a bare 404 (the client maps it to UNIMPLEMENTED), never a 503.
     let e = h
         .client
-        .call::<_, job::Empty>(
-            "no/such/x.Y",
-            "Z",
-            &job::Empty {},
-            Duration::from_secs(5),
-        )
+        .call::<_, job::Empty>("no/such/x.Y", "Z", &job::Empty {}, Duration::from_secs(5))
         .await
         .unwrap_err();
     assert_eq!(e.code, Code::Unimplemented);

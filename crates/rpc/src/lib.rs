@@ -4,6 +4,8 @@
 //! protobuf or JSON body, errors as a JSON object) and no maintained Rust crate serves it over
 //! axum with prost messages and the compressions the published client sends (zstd, gzip).
 
+pub mod dirlock;
+
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -92,6 +92,8 @@ pub struct RunningWorker {
     inner: Arc<Inner>,
     shutdown: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// One worker per cache dir (its workdirs and secrets), for as long as this one runs.
+    _dir_lock: iris_rpc::dirlock::DirLock,
 }
 
 impl RunningWorker {
@@ -109,10 +111,14 @@ impl RunningWorker {
 pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
     std::fs::create_dir_all(&cfg.cache_dir)
         .with_context(|| format!("creating {}", cfg.cache_dir.display()))?;
+    let dir_lock = iris_rpc::dirlock::DirLock::acquire(&cfg.cache_dir, "worker")?;
     let listener = tokio::net::TcpListener::bind(cfg.bind)
         .await
         .with_context(|| format!("binding worker to {}", cfg.bind))?;
     let addr = listener.local_addr()?;
+    dir_lock
+        .record(Some(&addr.to_string()))
+        .with_context(|| format!("writing {}", dir_lock.path().display()))?;
     let advertise_host = advertise_host(addr.ip());
     let python = resolve_python(cfg.python.as_deref());
     let python_home = venv_home(std::path::Path::new(&python));
@@ -161,6 +167,7 @@ pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
         inner,
         shutdown: tx,
         tasks: vec![server, reg],
+        _dir_lock: dir_lock,
     })
 }
 

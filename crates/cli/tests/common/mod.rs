@@ -939,6 +939,24 @@ impl Daemon {
             child,
         })
     }
+
+    pub fn pid(&self) -> u32 {
+        self.0.child.id()
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; its status, or `None`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = self.0.child.try_wait() {
+                return Some(st);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Daemon {
