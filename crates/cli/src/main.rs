@@ -407,6 +407,20 @@ enum BudgetCmd {
     List,
 }
 
+/// Lifts the soft open-file limit to the hard one (as Go's runtime does): a controller holds a
+/// socket per client connection and a worker pipes per task, and distributions often default
+/// the soft limit to 1,024, which a thousand idle clients would exhaust.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::debug!(error = %e, "raising the open-file limit");
+            }
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let filter = if cli.verbose { "info" } else { "warn" };
@@ -417,6 +431,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    raise_open_file_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -421,3 +421,48 @@ fn regenerate_malformed_corpus() {
     w("write-query.json", br#"{"sql": "DELETE FROM jobs"}"#);
     w("empty.json", b"{}");
 }
+
+/// Issue 18, slow and hostile clients: a thousand connections that send half a request and
+/// stall (slowloris), plus a thousand idle ones, do not stop the controller serving a normal
+/// client, whose job list keeps answering; afterwards the controller is healthy. The latency
+/// is printed (the target, a median under 100 ms, is a benchmark figure, not asserted here).
+#[test]
+fn a_thousand_slow_connections_do_not_stop_the_controller_serving_others() {
+    let c = TestCluster::start(&[WorkerSpec::cpu(2)]);
+    let job = c.submit("before-the-flood", &[], &["true"]);
+    let hostport = c.url.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    for i in 0..2000 {
+        let mut s = std::net::TcpStream::connect(&hostport).expect("connect a slow client");
+        if i % 2 == 0 {
+            // Half a request line and one header, never finished.
+            let _ = write!(s, "POST /iris.cluster.ControllerService/ListJobs HTTP/1.1\r\nHost: {hostport}\r\nX-Slow: ");
+        }
+        held.push(s);
+    }
+    // Keep trickling one byte per stalled connection while the normal client works.
+    let mut lat = Vec::new();
+    for round in 0..30 {
+        for s in held.iter_mut().step_by(2).skip(round % 7).step_by(7) {
+            let _ = s.write_all(b"a");
+        }
+        let t = std::time::Instant::now();
+        let (code, body) = http_post_json(&c.url, "/iris.cluster.ControllerService/ListJobs", "{}");
+        lat.push(t.elapsed());
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("before-the-flood"), "{body}");
+    }
+    lat.sort();
+    println!(
+        "job list with 2000 slow/idle connections held: median {:.1} ms, max {:.1} ms",
+        lat[lat.len() / 2].as_secs_f64() * 1000.0,
+        lat[lat.len() - 1].as_secs_f64() * 1000.0
+    );
+    drop(held);
+    assert!(healthy(&c.url));
+    wait_until(
+        Duration::from_secs(60),
+        "a job to run after the flood",
+        || c.job_state(&job).as_deref() == Some("succeeded"),
+    );
+}
