@@ -888,3 +888,186 @@ fn sigterm_stops_a_local_cluster_and_its_tasks() {
     );
     assert!(!url_file.exists(), "the recorded URL is removed");
 }
+
+/// A directory of fixtures, one per released schema, each written by that release's binary
+/// (`scripts/make-upgrade-fixture.sh`): its controller DB and a checkpoint of it.
+fn upgrade_fixtures() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/upgrade");
+    let mut v: Vec<_> = std::fs::read_dir(&root)
+        .expect("fixtures/upgrade")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("controller.sqlite3").is_file())
+        .collect();
+    v.sort();
+    assert!(
+        !v.is_empty(),
+        "no upgrade fixtures under {}",
+        root.display()
+    );
+    v
+}
+
+/// Starts `cluster controller serve` on `state` (plus `extra` flags) and a worker; returns the
+/// daemons and the controller's URL.
+fn serve_with_worker(
+    dir: &std::path::Path,
+    state: &std::path::Path,
+    extra: &[&str],
+) -> (Daemon, Daemon, String) {
+    let mut args = vec![
+        "cluster",
+        "controller",
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--state-dir",
+    ];
+    let state_s = state.to_string_lossy().into_owned();
+    args.push(&state_s);
+    args.extend_from_slice(extra);
+    let ctl = Daemon::spawn(
+        dir,
+        &[],
+        &args,
+        &dir.join(format!("ctl-{}.log", extra.len())),
+    );
+    let url = wait_for(
+        Duration::from_secs(60),
+        "the upgraded controller to start",
+        || {
+            std::fs::read_to_string(state.join("controller.url"))
+                .ok()
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+        },
+    );
+    let cache = dir.join(format!("cache-{}", extra.len()));
+    let cache_s = cache.to_string_lossy().into_owned();
+    let worker = Daemon::spawn(
+        dir,
+        &[],
+        &[
+            "--controller-url",
+            &url,
+            "worker",
+            "serve",
+            "--worker-id",
+            "w-upgraded",
+            "--cpu",
+            "2",
+            "--cache-dir",
+            &cache_s,
+        ],
+        &dir.join(format!("worker-{}.log", extra.len())),
+    );
+    (ctl, worker, url)
+}
+
+/// Issue 18, upgrades (acceptance 4): the DB of every released schema, as that release wrote
+/// it, migrates forward one step at a time with integrity and foreign keys intact after each;
+/// the current controller serves it in place (old jobs with their states, new jobs run); and a
+/// checkpoint that release took restores into an empty state dir.
+#[test]
+fn a_db_and_a_checkpoint_from_the_first_release_open_and_migrate() {
+    let names = iris_store::testing::migration_names();
+    for fixture in upgrade_fixtures() {
+        let dir = tempfile::tempdir().expect("dir");
+        // Every step.
+        let stepwise = dir.path().join("stepwise.sqlite3");
+        std::fs::copy(fixture.join("controller.sqlite3"), &stepwise).expect("copy");
+        let applied = iris_store::testing::migrate_step_by_step(&stepwise)
+            .unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
+        assert!(
+            !applied.is_empty(),
+            "{}: nothing to migrate",
+            fixture.display()
+        );
+        assert_eq!(applied.last().map(String::as_str), names.last().copied());
+
+        // In place.
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).expect("state");
+        for db in ["controller.sqlite3", "logs.sqlite3"] {
+            std::fs::copy(fixture.join(db), state.join(db)).expect("copy");
+        }
+        let (ctl, worker, url) = serve_with_worker(dir.path(), &state, &[]);
+        let list = iris_in(dir.path(), &[], &["--controller-url", &url, "job", "list"]);
+        assert_eq!(list.code, 0, "{}", list.stderr);
+        for (job, state) in [
+            ("/fixture/upgrade-ok", "succeeded"),
+            ("/fixture/upgrade-fail", "failed"),
+        ] {
+            assert!(
+                list.stdout
+                    .lines()
+                    .any(|l| l.starts_with(job) && l.contains(state)),
+                "{job} {state}: {}",
+                list.stdout
+            );
+        }
+        let logs = iris_in(
+            dir.path(),
+            &[],
+            &[
+                "--controller-url",
+                &url,
+                "job",
+                "logs",
+                "/fixture/upgrade-ok",
+            ],
+        );
+        assert!(
+            logs.stdout.contains("from-the-old-release"),
+            "{}{}",
+            logs.stdout,
+            logs.stderr
+        );
+        let run = iris_in(
+            dir.path(),
+            &[],
+            &[
+                "--controller-url",
+                &url,
+                "job",
+                "run",
+                "--user",
+                "fixture",
+                "--",
+                "echo",
+                "after-the-upgrade",
+            ],
+        );
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        drop(worker);
+        drop(ctl);
+
+        // Its checkpoint, restored by this binary into an empty state dir.
+        let restored = dir.path().join("restored");
+        let remote = dir.path().join("remote");
+        copy_tree(&fixture.join("remote-state"), &remote);
+        let remote_url = format!("file://{}", remote.display());
+        let (_ctl, _worker, url) =
+            serve_with_worker(dir.path(), &restored, &["--remote-state-dir", &remote_url]);
+        let list = iris_in(dir.path(), &[], &["--controller-url", &url, "job", "list"]);
+        assert!(
+            list.stdout.contains("/fixture/upgrade-ok")
+                && list.stdout.contains("/fixture/upgrade-fail"),
+            "{}{}",
+            list.stdout,
+            list.stderr
+        );
+    }
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read fixture dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_tree(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).expect("copy");
+        }
+    }
+}

@@ -174,13 +174,38 @@ fn migrate(conn: &Connection) -> Result<()> {
         if applied.iter().any(|a| a == name) {
             continue;
         }
-        let tx = conn.unchecked_transaction()?;
-        tx.execute_batch(sql)?;
-        tx.execute(
-            "INSERT INTO schema_migrations(name, applied_at_ms) VALUES (?1, ?2)",
-            params![name, now_ms()],
-        )?;
-        tx.commit()?;
+        apply_migration(conn, name, sql)?;
+    }
+    Ok(())
+}
+
+/// One migration and its record, in one transaction.
+fn apply_migration(conn: &Connection, name: &str, sql: &str) -> Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    tx.execute_batch(sql)?;
+    tx.execute(
+        "INSERT INTO schema_migrations(name, applied_at_ms) VALUES (?1, ?2)",
+        params![name, now_ms()],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// `PRAGMA integrity_check` and `PRAGMA foreign_key_check`: `Ok` only when both find nothing.
+fn check_integrity(conn: &Connection) -> Result<()> {
+    let verdict: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+    if verdict != "ok" {
+        return Err(Error::Invalid(format!("integrity_check: {verdict}")));
+    }
+    let mut st = conn.prepare("PRAGMA foreign_key_check")?;
+    let bad: Vec<String> = st
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<std::result::Result<_, _>>()?;
+    if !bad.is_empty() {
+        return Err(Error::Invalid(format!(
+            "foreign_key_check: rows of {} point at nothing",
+            bad.join(", ")
+        )));
     }
     Ok(())
 }
@@ -211,6 +236,38 @@ pub(crate) fn meta_reserve(conn: &Connection, key: &str, n: i64) -> Result<i64> 
 /// Helpers for tests of other crates that need a DB in a particular shape.
 pub mod testing {
     use super::*;
+
+    /// Brings the DB at `path` forward one pending migration at a time, checking integrity and
+    /// foreign keys after each; returns the migrations applied, in order (an upgrade test walks
+    /// an old release's DB through every step).
+    pub fn migrate_step_by_step(path: &Path) -> Result<Vec<String>> {
+        let conn = Connection::open(path)?;
+        configure(&conn)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY, applied_at_ms INTEGER NOT NULL)",
+        )?;
+        check_integrity(&conn)?;
+        let mut done = Vec::new();
+        for (name, sql) in schema::MIGRATIONS {
+            let applied: bool = conn.query_row(
+                "SELECT EXISTS(SELECT 1 FROM schema_migrations WHERE name = ?1)",
+                [name],
+                |r| r.get(0),
+            )?;
+            if applied {
+                continue;
+            }
+            apply_migration(&conn, name, sql)?;
+            check_integrity(&conn).map_err(|e| Error::Invalid(format!("after {name}: {e}")))?;
+            done.push(name.to_string());
+        }
+        Ok(done)
+    }
+
+    /// The migrations this binary knows, in order.
+    pub fn migration_names() -> Vec<&'static str> {
+        schema::MIGRATIONS.iter().map(|(n, _)| *n).collect()
+    }
 
     /// Records a migration this binary does not know, as a newer Iris would have.
     pub fn record_migration(path: &Path, name: &str) -> Result<()> {
