@@ -1071,3 +1071,146 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// A tmpfs mounted for one test (root only, as the CI machine is), unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &std::path::Path, mib: u32) -> SmallDisk {
+        std::fs::create_dir_all(at).expect("mount point");
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("run mount");
+        assert!(
+            st.success(),
+            "the full-disk test mounts a small tmpfs and needs root (CAP_SYS_ADMIN) for it"
+        );
+        SmallDisk(at.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Writes zeros to `path` until the file system says it is full.
+fn fill(path: &std::path::Path) {
+    let mut f = std::fs::File::create(path).expect("filler");
+    // Big writes until one fails, then ever smaller ones, down to the last free page.
+    let mut size = 1usize << 20;
+    while size >= 512 {
+        let chunk = vec![0u8; size];
+        while f.write_all(&chunk).is_ok() {}
+        size /= 4;
+    }
+    let _ = f.sync_all();
+}
+
+/// Issue 18, full disk: with the state dir's file system full, a submission fails at once with
+/// RESOURCE_EXHAUSTED naming the disk and nothing half-written; a task already running keeps
+/// running (its log lines are dropped, not blocking it); when space returns everything resumes;
+/// the DB passes `integrity_check`.
+#[test]
+fn a_full_state_disk_refuses_submissions_clearly_and_recovers() {
+    let dir = tempfile::tempdir().expect("dir");
+    let state = dir.path().join("state");
+    let _disk = SmallDisk::mount(&state, 48);
+    let (_ctl, _worker, url) = serve_with_worker(dir.path(), &state, &[]);
+    // The CLI runs from a workspace with some data in it: each submission carries a bundle the
+    // controller must store.
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).expect("ws");
+    let noise = |n: usize, seed: u64| -> Vec<u8> {
+        (0..n as u64)
+            .map(|i| ((i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect()
+    };
+    std::fs::write(ws.join("data.bin"), noise(256 << 10, 1)).expect("ws data");
+    let iris = |args: &[&str]| {
+        let mut a = vec!["--controller-url", url.as_str()];
+        a.extend_from_slice(args);
+        iris_in(&ws, &[], &a)
+    };
+    let long = iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--user",
+        "u",
+        "--job-name",
+        "through-the-full-disk",
+        "--",
+        "sh",
+        "-c",
+        "for i in $(seq 1 40); do echo tick $i; sleep 0.1; done; echo done-ticking",
+    ]);
+    assert_eq!(long.code, 0, "{}", long.stderr);
+    wait_until(Duration::from_secs(60), "the long task to run", || {
+        iris(&["job", "list"])
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("/u/through-the-full-disk") && l.contains("running"))
+    });
+
+    let filler = state.join("filler");
+    fill(&filler);
+    std::fs::write(ws.join("changed.bin"), noise(64 << 10, 2)).expect("ws data");
+    let refused = iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--user",
+        "u",
+        "--job-name",
+        "on-a-full-disk",
+        "--",
+        "true",
+    ]);
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("resource_exhausted") && refused.stderr.contains("full disk"),
+        "{}",
+        refused.stderr
+    );
+    let listed = iris(&["job", "list"]);
+    assert!(
+        !listed.stdout.contains("/u/on-a-full-disk"),
+        "nothing half-written: {}",
+        listed.stdout
+    );
+
+    std::fs::remove_file(&filler).expect("free the space");
+    wait_until(Duration::from_secs(120), "the long task to finish", || {
+        iris(&["job", "list"])
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("/u/through-the-full-disk") && l.contains("succeeded"))
+    });
+    let after = iris(&[
+        "job",
+        "run",
+        "--user",
+        "u",
+        "--job-name",
+        "after-the-disk",
+        "--",
+        "echo",
+        "space-again",
+    ]);
+    assert_eq!(after.code, 0, "{}{}", after.stdout, after.stderr);
+    assert!(
+        format!("{}{}", after.stdout, after.stderr).contains("space-again"),
+        "{}{}",
+        after.stdout,
+        after.stderr
+    );
+    iris_store::testing::integrity_check(&state.join("controller.sqlite3"))
+        .expect("the DB is intact");
+}

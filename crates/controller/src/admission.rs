@@ -208,8 +208,13 @@ impl Controller {
             let path = self.cfg.state_dir.join("bundles").join(&sha);
             if !path.exists() {
                 let tmp = path.with_extension("tmp");
-                std::fs::write(&tmp, &req.bundle_blob)?;
-                std::fs::rename(&tmp, &path)?;
+                if let Err(e) = std::fs::write(&tmp, &req.bundle_blob)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                {
+                    // A full disk leaves no partial bundle behind to take more of it.
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e.into());
+                }
             }
             req.bundle_id = sha;
             req.bundle_blob.clear();

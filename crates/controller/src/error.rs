@@ -58,6 +58,16 @@ impl Error {
         Error::new(Code::Unavailable, message)
     }
 
+    /// A write the state dir's full file system refused.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            Error::Store(e) => e.is_disk_full(),
+            Error::Logs(e) => e.is_disk_full(),
+            Error::Io(e) => e.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+
     /// An internal failure; `detail` is logged, never sent.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         Error::Internal(detail.to_string())
@@ -68,6 +78,13 @@ impl Error {
     pub fn to_wire(&self) -> RpcError {
         match self {
             Error::Rejected(e) => e.clone(),
+            other if other.is_disk_full() => {
+                tracing::error!(error = %other, "the state dir's disk is full");
+                RpcError::new(
+                    Code::ResourceExhausted,
+                    "the controller's state dir is on a full disk, so nothing was written; free space on it (running tasks keep running) and retry",
+                )
+            }
             other => {
                 let id = error_id();
                 tracing::error!(error_id = %id, error = %other, "internal error");

@@ -137,6 +137,18 @@ pub enum Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+impl Error {
+    /// The write failed because the state dir's file system is full (`SQLITE_FULL`); the
+    /// transaction was rolled back, so nothing was half-written.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, Error::Sqlite(e) if sqlite_disk_full(e))
+    }
+}
+
+pub(crate) fn sqlite_disk_full(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull)
+}
+
 /// Current time in epoch milliseconds.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -262,6 +274,13 @@ pub mod testing {
             done.push(name.to_string());
         }
         Ok(done)
+    }
+
+    /// `PRAGMA integrity_check` and `PRAGMA foreign_key_check` of the DB at `path` (a fault test's
+    /// last word on whether a crash or a full disk corrupted anything).
+    pub fn integrity_check(path: &Path) -> Result<()> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        check_integrity(&conn)
     }
 
     /// The migrations this binary knows, in order.

@@ -118,6 +118,13 @@ pub fn append_numbered(
 #[error("log store: {0}")]
 pub struct LogError(#[from] rusqlite::Error);
 
+impl LogError {
+    /// The log store's file system is full.
+    pub fn is_disk_full(&self) -> bool {
+        crate::sqlite_disk_full(&self.0)
+    }
+}
+
 /// The smallest string greater than every string starting with `prefix`, if any.
 fn prefix_upper(prefix: &str) -> Option<String> {
     let mut chars: Vec<char> = prefix.chars().collect();

@@ -6,6 +6,9 @@ use crate::Inner;
 use iris_proto::finelog::logging as fl;
 use std::time::{Duration, Instant};
 
+/// Log lines this worker dropped because the controller could not store them (its disk full).
+pub(crate) static DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Log shipping: lines are batched and pushed to the controller's log service.
 pub(crate) struct LogShipper {
     pub(crate) key: String,
@@ -40,6 +43,14 @@ impl LogShipper {
                 .await
             {
                 Ok(_) => return,
+                // The controller's disk is full: the lines are lost either way, and waiting for
+                // space would stall the task's output pipe. Drop them now and count them.
+                Err(e) if e.code == iris_rpc::Code::ResourceExhausted => {
+                    let n = req.entries.len() as u64;
+                    let total = DROPPED.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+                    tracing::warn!(error = %e, key = %req.key, dropped = n, dropped_total = total, "dropping log lines");
+                    return;
+                }
                 Err(e)
                     if Instant::now() < give_up
                         && (e.code == iris_rpc::Code::Unavailable || attempt < 5) =>
