@@ -1214,3 +1214,63 @@ fn a_full_state_disk_refuses_submissions_clearly_and_recovers() {
     iris_store::testing::integrity_check(&state.join("controller.sqlite3"))
         .expect("the DB is intact");
 }
+
+/// Issue 18, freezes: a controller frozen (SIGSTOP) past its workers' heartbeat timeout and then
+/// resumed loses no task and never has two live attempts of one: the worker stops the attempt
+/// when its lease on the controller lapses (it has not been reconciled for `heartbeat_timeout`),
+/// the resumed controller learns it ended and reruns it, and the rerun starts only after the
+/// first attempt finished.
+#[test]
+fn a_frozen_and_resumed_controller_loses_no_task_and_runs_none_twice() {
+    let c = TestCluster::start(&[WorkerSpec::cpu(16).heartbeat_timeout(2)]);
+    let pidfile = c.path("freeze.pids");
+    let go = c.path("freeze.go");
+    c.submit(
+        "freeze",
+        &[
+            "-e",
+            "PIDFILE",
+            pidfile.to_str().expect("utf8"),
+            "-e",
+            "GO",
+            go.to_str().expect("utf8"),
+        ],
+        &["sh", "-c", BLOCK],
+    );
+    c.wait_tasks("/u/freeze", &[(0, "running")]);
+    let pid = wait_for(SHORT, "the task to record its pid", || {
+        read_pids(&pidfile).first().copied()
+    });
+    let ctl = c.controller_pid().to_string();
+    let signal = |sig: &str| {
+        let st = std::process::Command::new("kill")
+            .args([sig, &ctl])
+            .status()
+            .expect("kill");
+        assert!(st.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    wait_until(
+        SHORT,
+        "the worker to stop its attempt once its lease on the controller lapsed",
+        || !alive(pid),
+    );
+    signal("-CONT");
+    wait_until(SHORT, "the task to rerun", || {
+        c.attempts("/u/freeze/0").len() == 2
+            && c.summary("/u/freeze")["tasks"][0]["state"] == "running"
+    });
+    std::fs::write(&go, "go").expect("go");
+    c.wait_job("/u/freeze", "succeeded");
+    let a = c.attempts("/u/freeze/0");
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert!(
+        a[0]["finished_at_ms"].as_i64() <= a[1]["started_at_ms"].as_i64(),
+        "the rerun started before the first attempt ended: {a:?}"
+    );
+    assert_eq!(read_pids(&pidfile).len(), 2, "each attempt ran once");
+    assert_eq!(
+        log_lines(c.iris(&["job", "logs", "/u/freeze"]).ok()),
+        vec!["done /u/freeze/0:1"]
+    );
+}
