@@ -239,8 +239,12 @@ fn b04_max_retries_gives_exactly_two_failed_attempts() {
 #[test]
 fn b05_launch_of_a_running_name_is_refused_then_replaces_once_terminal() {
     let c = TestCluster::start(&[WorkerSpec::cpu(16)]);
-    c.submit("dup", &[], &["sleep", "30"]);
+    c.submit("dup", &[], &["sh", "-c", "echo first; sleep 30"]);
     let s = c.wait_tasks("/u/dup", &[(0, "running")]);
+    // Its log has a line numbered 1 under `/u/dup/0:0`, as the replacement's first line will be.
+    wait_until(SHORT, "the first job's line", || {
+        c.iris(&["job", "logs", "/u/dup"]).stdout.contains("first")
+    });
     assert_eq!(s["state"], "running");
     let old = c.attempts("/u/dup/0");
     assert_eq!(old.len(), 1);
@@ -296,6 +300,7 @@ fn b05_launch_of_a_running_name_is_refused_then_replaces_once_terminal() {
         "the first submission's attempt is gone with it"
     );
     assert_eq!(c.job_count(), 1);
+    // Only the replacement's lines: the first job's went with it (and did not shadow these).
     assert_eq!(
         log_lines(c.iris(&["job", "logs", "/u/dup"]).ok()),
         vec!["second"]

@@ -301,6 +301,7 @@ impl Controller {
                     if let Some((replaced, job_id, spec)) = spec {
                         if replaced {
                             self.forget_spec(&job_id);
+                            self.forget_logs(&job_id);
                         }
                         lock(&self.specs).insert(job_id, spec);
                     }

@@ -227,6 +227,15 @@ impl Controller {
         Ok(Some(spec))
     }
 
+    /// Drops a replaced job's log lines (its tasks' and its children's), once the replacement is
+    /// committed; before its new tasks write any.
+    fn forget_logs(&self, job_id: &str) {
+        let mut logs = lock(&self.logs);
+        if let Err(e) = iris_store::logs::delete_under(&mut logs, &format!("{job_id}/")) {
+            tracing::warn!(job = %job_id, error = %e, "dropping the replaced job's logs");
+        }
+    }
+
     fn forget_spec(&self, job_id: &str) {
         let prefix = format!("{job_id}/");
         lock(&self.specs).retain(|k, _| k != job_id && !k.starts_with(&prefix));

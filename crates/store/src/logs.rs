@@ -125,6 +125,23 @@ impl LogError {
     }
 }
 
+/// Deletes every line whose key starts with `prefix` (a replaced job's `<job>/…` keys); returns
+/// how many. A job submitted again under the same name numbers its lines from 1 again, so its
+/// predecessor's lines would otherwise shadow them (a retried push of an already stored line
+/// number is skipped).
+pub fn delete_under(conn: &mut LogDb, prefix: &str) -> Result<usize, LogError> {
+    let n = match prefix_upper(prefix) {
+        Some(upper) => conn.0.execute(
+            "DELETE FROM logs WHERE key >= ?1 AND key < ?2",
+            params![prefix, upper],
+        )?,
+        None => conn
+            .0
+            .execute("DELETE FROM logs WHERE key >= ?1", params![prefix])?,
+    };
+    Ok(n)
+}
+
 /// The smallest string greater than every string starting with `prefix`, if any.
 fn prefix_upper(prefix: &str) -> Option<String> {
     let mut chars: Vec<char> = prefix.chars().collect();
