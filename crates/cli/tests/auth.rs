@@ -925,25 +925,13 @@ fn elevated_container_profiles_need_an_admin() {
 
 /// A task of alice's job serves a directory (with a 100 MB file) and registers it, link access,
 /// through the Connect JSON API with its task token.
-const SITE_TASK: &str = r#"set -e
-mkdir -p site
-head -c 104857600 /dev/zero > site/big
-echo proxied-hello > site/index.html
-python3 - <<'PY' &
-import functools, http.server
-h = functools.partial(http.server.SimpleHTTPRequestHandler, directory="site")
-s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
-open("port.tmp", "w").write(str(s.server_address[1]))
-import os; os.rename("port.tmp", "port")
-s.serve_forever()
-PY
-while [ ! -s port ]; do sleep 0.1; done
-curl -sS --fail-with-body -X POST "$IRIS_CONTROLLER_ADDRESS/iris.cluster.EndpointService/RegisterEndpoint" \
-  -H 'content-type: application/json' -H "authorization: Bearer $IRIS_TASK_TOKEN" \
-  -d "{\"name\":\"/alice/site/web\",\"address\":\"127.0.0.1:$(cat port)\",\"taskId\":\"${IRIS_TASK_ID%:*}\",\"attemptId\":${IRIS_TASK_ID##*:},\"access\":2}"
-echo registered
-sleep 600
-"#;
+fn site_task() -> String {
+    format!(
+        "set -e\nmkdir -p site\nhead -c 104857600 /dev/zero > site/big\necho proxied-hello > site/index.html\n{}{}echo registered\nsleep 600\n",
+        common::SERVE_SITE_SH,
+        common::register_endpoint_sh("/alice/site/web", "127.0.0.1:$(cat port)", ",\\\"access\\\":2")
+    )
+}
 
 /// `curl` as a caller from outside (an `X-Forwarded-For`, so loopback is not the anonymous
 /// admin): (status, body), or the body to a sink with `-o`.
@@ -994,7 +982,7 @@ fn endpoints_are_reached_through_the_proxy_only_by_who_may() {
             "--",
             "sh",
             "-c",
-            SITE_TASK,
+            &site_task(),
         ],
     );
     assert!(ok, "{out}{err}");

@@ -517,23 +517,12 @@ fn a_hub_lists_and_proxies_the_endpoints_of_jobs_on_a_peer() {
     let alice = user_token(&hub_key, "alice");
     hub.set_cli_token(Some(alice.clone()));
     wait_reachable(&hub, "cw-a", true);
-    let script = r#"set -e
-mkdir -p site && echo served-on-the-peer > site/index.html
-python3 - <<'PY' &
-import functools, http.server, os
-h = functools.partial(http.server.SimpleHTTPRequestHandler, directory="site")
-s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
-open("port.tmp", "w").write(str(s.server_address[1])); os.rename("port.tmp", "port")
-s.serve_forever()
-PY
-while [ ! -s port ]; do sleep 0.1; done
-JOB="${IRIS_TASK_ID%/*}"
-curl -sS --fail-with-body -X POST "$IRIS_CONTROLLER_ADDRESS/iris.cluster.EndpointService/RegisterEndpoint" \
-  -H 'content-type: application/json' -H "authorization: Bearer $IRIS_TASK_TOKEN" \
-  -d "{\"name\":\"$JOB/web\",\"address\":\"127.0.0.1:$(cat port)\",\"taskId\":\"${IRIS_TASK_ID%:*}\",\"attemptId\":${IRIS_TASK_ID##*:}}"
-sleep 600
-"#;
-    let job = run(&hub, "served", &["--gpu", "H100x8"], &["sh", "-c", script]);
+    let script = format!(
+        "set -e\nmkdir -p site && echo served-on-the-peer > site/index.html\n{}JOB=\"${{IRIS_TASK_ID%/*}}\"\n{}sleep 600\n",
+        common::SERVE_SITE_SH,
+        common::register_endpoint_sh("$JOB/web", "127.0.0.1:$(cat port)", "")
+    );
+    let job = run(&hub, "served", &["--gpu", "H100x8"], &["sh", "-c", &script]);
     let name = format!("{job}/web");
     wait_for(LONG, "the hub to list the peer's endpoint", || {
         let o = hub.iris(&["endpoints", "list", &name, "--exact"]);

@@ -17,11 +17,7 @@ fn register_task(eps: &[(&str, String, Option<&str>)]) -> String {
         let meta = timeout
             .map(|t| format!(",\\\"metadata\\\":{{\\\"proxy_timeout_seconds\\\":\\\"{t}\\\"}}"))
             .unwrap_or_default();
-        s.push_str(&format!(
-            "curl -sS --fail-with-body -X POST \"$IRIS_CONTROLLER_ADDRESS/iris.cluster.EndpointService/RegisterEndpoint\" \
-             -H 'content-type: application/json' \
-             -d \"{{\\\"name\\\":\\\"{name}\\\",\\\"address\\\":\\\"{addr}\\\",\\\"taskId\\\":\\\"${{IRIS_TASK_ID%:*}}\\\",\\\"attemptId\\\":${{IRIS_TASK_ID##*:}}{meta}}}\"\n"
-        ));
+        s.push_str(&common::register_endpoint_sh(name, addr, &meta));
     }
     s.push_str("echo registered\nsleep 600\n");
     s

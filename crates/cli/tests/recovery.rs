@@ -310,24 +310,7 @@ fn kill_pids(pids: &[u32]) {
 #[test]
 fn controller_outage_past_the_heartbeat_timeout_reruns_the_task() {
     let mut c = TestCluster::start(&[WorkerSpec::cpu(16).heartbeat_timeout(2)]);
-    let pidfile = c.path("hb.pids");
-    let go = c.path("hb.go");
-    c.submit(
-        "hb",
-        &[
-            "-e",
-            "PIDFILE",
-            pidfile.to_str().expect("utf8"),
-            "-e",
-            "GO",
-            go.to_str().expect("utf8"),
-        ],
-        &["sh", "-c", BLOCK],
-    );
-    c.wait_tasks("/u/hb", &[(0, "running")]);
-    let pid = wait_for(SHORT, "the task to record its pid", || {
-        read_pids(&pidfile).first().copied()
-    });
+    let (_, go, pid) = run_blocking(&c, "hb");
     c.kill_controller();
     wait_until(
         SHORT,
@@ -358,6 +341,30 @@ fn controller_outage_past_the_heartbeat_timeout_reruns_the_task() {
         log_lines(c.iris(&["job", "logs", "/u/hb"]).ok()),
         vec!["done /u/hb/0:1"]
     );
+}
+
+/// Submits `/u/<name>` running [`BLOCK`] (until its `GO` file appears), waits until it runs and
+/// has recorded its pid; returns the pid file, the go file and the pid.
+fn run_blocking(c: &TestCluster, name: &str) -> (std::path::PathBuf, std::path::PathBuf, u32) {
+    let pidfile = c.path(&format!("{name}.pids"));
+    let go = c.path(&format!("{name}.go"));
+    c.submit(
+        name,
+        &[
+            "-e",
+            "PIDFILE",
+            pidfile.to_str().expect("utf8"),
+            "-e",
+            "GO",
+            go.to_str().expect("utf8"),
+        ],
+        &["sh", "-c", BLOCK],
+    );
+    c.wait_tasks(&format!("/u/{name}"), &[(0, "running")]);
+    let pid = wait_for(SHORT, "the task to record its pid", || {
+        read_pids(&pidfile).first().copied()
+    });
+    (pidfile, go, pid)
 }
 
 /// Submits a 2-replica blocking job on w0 alone, adds w1, and `kill -9`s w0.
@@ -1223,24 +1230,7 @@ fn a_full_state_disk_refuses_submissions_clearly_and_recovers() {
 #[test]
 fn a_frozen_and_resumed_controller_loses_no_task_and_runs_none_twice() {
     let c = TestCluster::start(&[WorkerSpec::cpu(16).heartbeat_timeout(2)]);
-    let pidfile = c.path("freeze.pids");
-    let go = c.path("freeze.go");
-    c.submit(
-        "freeze",
-        &[
-            "-e",
-            "PIDFILE",
-            pidfile.to_str().expect("utf8"),
-            "-e",
-            "GO",
-            go.to_str().expect("utf8"),
-        ],
-        &["sh", "-c", BLOCK],
-    );
-    c.wait_tasks("/u/freeze", &[(0, "running")]);
-    let pid = wait_for(SHORT, "the task to record its pid", || {
-        read_pids(&pidfile).first().copied()
-    });
+    let (pidfile, go, pid) = run_blocking(&c, "freeze");
     let ctl = c.controller_pid().to_string();
     let signal = |sig: &str| {
         let st = std::process::Command::new("kill")

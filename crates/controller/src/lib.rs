@@ -93,8 +93,10 @@ pub struct Controller {
     /// One checkpoint at a time.
     checkpoint_lock: tokio::sync::Mutex<()>,
     admissions: tokio::sync::mpsc::UnboundedSender<Admission>,
-    /// The HTTP clients `/proxy` forwards with (kept for their connection pools).
-    upstreams: proxy::Upstreams,
+    /// The HTTP clients `/proxy` forwards with (kept for their connection pools), built on the
+    /// first proxied request: most controllers never proxy, and building them reads the system's
+    /// CA roots.
+    upstreams: std::sync::OnceLock<proxy::Upstreams>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -155,7 +157,7 @@ impl Controller {
             remote,
             checkpoint_lock: tokio::sync::Mutex::new(()),
             admissions,
-            upstreams: proxy::Upstreams::new(),
+            upstreams: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&ctl);
         // The admission batcher: a plain thread (SQLite is blocking). It ends when the controller
@@ -234,6 +236,10 @@ impl Controller {
         if let Err(e) = iris_store::logs::delete_under(&mut logs, &format!("{job_id}/")) {
             tracing::warn!(job = %job_id, error = %e, "dropping the replaced job's logs");
         }
+    }
+
+    fn upstreams(&self) -> &proxy::Upstreams {
+        self.upstreams.get_or_init(proxy::Upstreams::new)
     }
 
     fn forget_spec(&self, job_id: &str) {

@@ -308,14 +308,10 @@ fn proxy_caller<'a>(
         });
     }
     // A parent relaying its user: only to endpoints of jobs it handed us, never onward.
-    let root = iris_types::endpoint::namespace_of(&endpoint.job_id);
     let handed = endpoint.peer_id.is_none()
-        && iris_store::federation::handle(&*ctl.db(), &root)
-            .ok()
-            .flatten()
-            .is_some_and(|h| {
-                h.direction == iris_store::federation::RECEIVED && h.peer_id == id.user_id
-            });
+        && ctl
+            .check_received_from(&endpoint.job_id, &id.user_id)
+            .is_ok();
     if handed {
         Ok(ProxyCaller::Peer)
     } else {
@@ -468,9 +464,9 @@ async fn forward(
         Err(e) => return fail(StatusCode::BAD_GATEWAY, format!("endpoint {name}: {e}")),
     };
     let client = if h2 {
-        &ctl.upstreams.h2
+        &ctl.upstreams().h2
     } else {
-        &ctl.upstreams.h1
+        &ctl.upstreams().h1
     };
     let mut resp = match tokio::time::timeout(timeout, client.request(out)).await {
         Ok(Ok(r)) => r,
@@ -569,20 +565,6 @@ fn rewrite_location(v: &str, upstream: &Uri, prefix: &str) -> Option<String> {
     }
     let pq = target.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     Some(format!("{prefix}{pq}"))
-}
-
-impl Controller {
-    /// Drops endpoints whose lease ran out (reads already hide them).
-    pub(crate) fn sweep_endpoints(&self) -> crate::error::Result<usize> {
-        let mut conn = self.db();
-        let tx = conn.begin()?;
-        let gone = iris_store::endpoints::sweep_expired(&tx, crate::rpc::now())?;
-        tx.commit()?;
-        for (id, name) in &gone {
-            tracing::info!(endpoint = %name, id = %id, "endpoint lease expired");
-        }
-        Ok(gone.len())
-    }
 }
 
 #[cfg(test)]

@@ -89,10 +89,6 @@ impl Controller {
     pub(crate) fn confirm_worker(&self, worker_id: &str) -> bool {
         lock(&self.confirmed).insert(worker_id.to_string())
     }
-
-    pub(crate) fn is_confirmed(&self, worker_id: &str) -> bool {
-        lock(&self.confirmed).contains(worker_id)
-    }
 }
 
 pub(crate) fn upsert_worker(

@@ -95,9 +95,12 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     let expired = snapshot::past_scheduling_deadline(&tx, now)?;
     let timed_out = snapshot::past_execution_timeout(&tx, now)?;
     let mut workers = load_workers(&tx)?;
-    for w in &mut workers {
+    {
         // A worker of a previous run that has not come back gets nothing until it does.
-        w.healthy &= ctl.is_confirmed(&w.id);
+        let confirmed = lock(&ctl.confirmed);
+        for w in &mut workers {
+            w.healthy &= confirmed.contains(&w.id);
+        }
     }
     let addresses = iris_store::workers::addresses(&tx)?;
     let mut running = Vec::new();

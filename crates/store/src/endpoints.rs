@@ -38,6 +38,8 @@ pub enum Registered {
     Terminal(TaskState),
     /// The attempt named is not the task's live attempt (an earlier one, or one that ended).
     Stale { current: i64 },
+    /// The endpoint id is already registered by another task.
+    TakenBy(String),
 }
 
 const COLS: &str = "endpoint_id, name, address, task_id, job_id, metadata_json, registered_at_ms, lease_deadline_ms, access, peer_id";
@@ -115,6 +117,9 @@ pub fn register(tx: &Tx<'_>, e: &Endpoint, attempt_id: i64) -> Result<Registered
     if current != attempt_id || attempt_ended {
         return Ok(Registered::Stale { current });
     }
+    if let Some(other) = get(tx, &e.endpoint_id)?.filter(|p| p.task_id != e.task_id) {
+        return Ok(Registered::TakenBy(other.task_id));
+    }
     tx.prepare_cached(
         "DELETE FROM endpoints WHERE task_id = ?1 AND name = ?2 AND endpoint_id <> ?3",
     )?
@@ -130,15 +135,13 @@ pub fn register(tx: &Tx<'_>, e: &Endpoint, attempt_id: i64) -> Result<Registered
     Ok(Registered::Ok)
 }
 
-/// Removes an endpoint; returns it, or `None` if there was none.
-pub fn unregister(tx: &Tx<'_>, endpoint_id: &str) -> Result<Option<Endpoint>> {
-    let tx = tx.raw();
-    let found = get(tx, endpoint_id)?;
-    if found.is_some() {
-        tx.prepare_cached("DELETE FROM endpoints WHERE endpoint_id = ?1")?
-            .execute([endpoint_id])?;
-    }
-    Ok(found)
+/// Removes an endpoint; false if there was none.
+pub fn unregister(tx: &Tx<'_>, endpoint_id: &str) -> Result<bool> {
+    Ok(tx
+        .raw()
+        .prepare_cached("DELETE FROM endpoints WHERE endpoint_id = ?1")?
+        .execute([endpoint_id])?
+        > 0)
 }
 
 fn get(conn: &Connection, endpoint_id: &str) -> Result<Option<Endpoint>> {
@@ -163,8 +166,6 @@ pub struct Filter<'a> {
     pub exact: bool,
     /// Only these tasks' (ANDed with the name); empty: any task.
     pub task_ids: &'a [String],
-    /// Only these jobs' (ANDed); empty: any job.
-    pub job_ids: &'a [String],
 }
 
 /// Live endpoints (lease not run out) matching `f`, by name then id.
@@ -181,9 +182,7 @@ pub fn list(conn: &impl Read, f: &Filter<'_>, now: i64) -> Result<Vec<Endpoint>>
     let mut out = Vec::new();
     for r in rows {
         let e = r?;
-        if (f.task_ids.is_empty() || f.task_ids.contains(&e.task_id))
-            && (f.job_ids.is_empty() || f.job_ids.contains(&e.job_id))
-        {
+        if f.task_ids.is_empty() || f.task_ids.contains(&e.task_id) {
             out.push(e);
         }
     }

@@ -973,3 +973,26 @@ pub fn iris_in(cwd: &Path, envs: &[(&str, &Path)], args: &[&str]) -> Out {
     }
     Out::from(cmd.args(args).output().expect("run iris"))
 }
+
+/// A shell line a task runs to register an endpoint for itself, over Connect JSON with its task
+/// token (ignored when auth is off). `name` and `address` may hold shell expansions; `extra` is
+/// more JSON fields, already escaped for a double-quoted shell string (e.g. `,\"access\":2`).
+pub fn register_endpoint_sh(name: &str, address: &str, extra: &str) -> String {
+    format!(
+        "curl -sS --fail-with-body -X POST \"$IRIS_CONTROLLER_ADDRESS/iris.cluster.EndpointService/RegisterEndpoint\" \
+         -H 'content-type: application/json' -H \"authorization: Bearer $IRIS_TASK_TOKEN\" \
+         -d \"{{\\\"name\\\":\\\"{name}\\\",\\\"address\\\":\\\"{address}\\\",\\\"taskId\\\":\\\"${{IRIS_TASK_ID%:*}}\\\",\\\"attemptId\\\":${{IRIS_TASK_ID##*:}}{extra}}}\"\n"
+    )
+}
+
+/// Shell lines that serve the task's `./site` directory on a free loopback port in the
+/// background and wait until the port is in `./port`.
+pub const SERVE_SITE_SH: &str = r#"python3 - <<'PY' &
+import functools, http.server, os
+h = functools.partial(http.server.SimpleHTTPRequestHandler, directory="site")
+s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), h)
+open("port.tmp", "w").write(str(s.server_address[1])); os.rename("port.tmp", "port")
+s.serve_forever()
+PY
+while [ ! -s port ]; do sleep 0.1; done
+"#;

@@ -5,7 +5,7 @@
 //! endpoint is dropped when its attempt ends; capability URLs are minted only for endpoints
 //! registered with link access.
 
-use crate::auth::{caller, check_owner, Identity};
+use crate::auth::{caller, check_owner};
 use crate::error::{Error, Result};
 use crate::{lock, Controller};
 use iris_proto::cluster::controller as c;
@@ -43,11 +43,6 @@ fn new_endpoint_id() -> String {
     format!("ep-{}", crate::tick::new_uid())
 }
 
-/// The endpoint's owner check: the caller must own the job (a task: be one of its job tree's).
-fn check_endpoint_owner(id: &Identity, job_id: &str, action: &str) -> Result<()> {
-    check_owner(id, job_id, action).map_err(Error::Rejected)
-}
-
 impl Controller {
     pub(crate) async fn register_endpoint(
         &self,
@@ -68,7 +63,7 @@ impl Controller {
             ))
         })?;
         let job_id = task.job.to_string();
-        check_endpoint_owner(&caller(), &job_id, "register an endpoint for")?;
+        check_owner(&caller(), &job_id, "register an endpoint for")?;
         let lease_ms = match &req.lease_duration {
             None => LEASE_MS,
             Some(d) => d.milliseconds.clamp(MIN_LEASE_MS, LEASE_MS),
@@ -90,20 +85,6 @@ impl Controller {
             access,
             peer_id: None,
         };
-        if let Some(prev) = {
-            let conn = self.db();
-            store::by_id(&*conn, &endpoint.endpoint_id)?
-        } {
-            if prev.task_id != endpoint.task_id {
-                return Err(Error::new(
-                    iris_rpc::Code::AlreadyExists,
-                    format!(
-                        "endpoint_id: {} is registered by task {}; renew with the id your own registration returned, or leave endpoint_id empty for a new one",
-                        endpoint.endpoint_id, prev.task_id
-                    ),
-                ));
-            }
-        }
         let outcome = {
             let mut conn = self.db();
             let tx = conn.begin()?;
@@ -130,6 +111,13 @@ impl Controller {
                 "attempt_id: task {} has not started an attempt yet; register from inside the running task",
                 req.task_id
             ))),
+            Registered::TakenBy(task) => Err(Error::new(
+                iris_rpc::Code::AlreadyExists,
+                format!(
+                    "endpoint_id: {} is registered by task {task}; renew with the id your own registration returned, or leave endpoint_id empty for a new one",
+                    endpoint.endpoint_id
+                ),
+            )),
             Registered::Stale { current } => Err(Error::precondition(format!(
                 "attempt_id: attempt {} of task {} is no longer live (the live attempt is {current}, or it has ended); an endpoint belongs to the attempt that serves it",
                 req.attempt_id, req.task_id
@@ -158,7 +146,7 @@ impl Controller {
                 found.peer_id.unwrap_or_default()
             )));
         }
-        check_endpoint_owner(&caller(), &found.job_id, "unregister an endpoint of")?;
+        check_owner(&caller(), &found.job_id, "unregister an endpoint of")?;
         let tx = conn.begin()?;
         store::unregister(&tx, &req.endpoint_id)?;
         tx.commit()?;
@@ -196,7 +184,6 @@ impl Controller {
                 name: &req.prefix,
                 exact: req.exact,
                 task_ids: &req.task_ids,
-                job_ids: &[],
             },
             now(),
         )?;
@@ -225,7 +212,7 @@ impl Controller {
                 req.endpoint_name
             ))
         })?;
-        check_endpoint_owner(&caller(), &endpoint.job_id, "mint a capability URL for")?;
+        check_owner(&caller(), &endpoint.job_id, "mint a capability URL for")?;
         if endpoint.access != Access::Link {
             return Err(Error::precondition(format!(
                 "endpoint {} is private: capability URLs reach only endpoints registered with access=ENDPOINT_ACCESS_LINK; re-register it with link access, or reach it with your own token at /proxy/{}/",
@@ -284,5 +271,19 @@ impl Controller {
             }
         }
         Ok(None)
+    }
+}
+
+impl Controller {
+    /// Drops endpoints whose lease ran out (reads already hide them).
+    pub(crate) fn sweep_endpoints(&self) -> crate::error::Result<usize> {
+        let mut conn = self.db();
+        let tx = conn.begin()?;
+        let gone = iris_store::endpoints::sweep_expired(&tx, now())?;
+        tx.commit()?;
+        for (id, name) in &gone {
+            tracing::info!(endpoint = %name, id = %id, "endpoint lease expired");
+        }
+        Ok(gone.len())
     }
 }
