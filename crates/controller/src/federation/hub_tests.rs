@@ -171,3 +171,39 @@ fn a_cancelled_queued_job_is_never_promoted() {
         .expect("deliveries")
         .is_empty());
 }
+
+#[tokio::test]
+async fn a_child_cancel_that_cannot_be_sent_is_recorded_and_stays_pending_until_settled() {
+    let ctl = hub();
+    heartbeat(&ctl, "west", 4);
+    queue_gpu_job(&ctl, "/alice/root", iris_store::now_ms(), None);
+    tick_pass(&ctl).expect("pass");
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        assert!(sf::mark_handed_off(&tx, "/alice/root", iris_store::now_ms()).expect("mark"));
+        tx.commit().expect("commit");
+    }
+    assert_eq!(handle(&ctl, "/alice/root").peer_id, "west");
+
+    // The child lives on the peer, which is unreachable (its address refuses connections): the
+    // cancel is accepted, and its intent outlives the failed send.
+    let child = "/alice/root/eval";
+    assert!(ctl.cancel_federated(child).await.expect("cancel"));
+    let pending = sf::pending_child_cancels(&*ctl.db(), "west").expect("pending");
+    assert_eq!(pending, vec![child.to_string()], "the sync loop re-drives it");
+    assert!(sf::pending_child_cancels(&*ctl.db(), "east")
+        .expect("pending")
+        .is_empty());
+
+    // Once the peer reports the child gone, nothing is left to re-drive.
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        sf::settle_child_cancels(&tx, "west", &[child.to_string()]).expect("settle");
+        tx.commit().expect("commit");
+    }
+    assert!(sf::pending_child_cancels(&*ctl.db(), "west")
+        .expect("pending")
+        .is_empty());
+}
