@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash crates/dashboard/ci/install-browser.sh
+bash tests/objstore/setup.sh
 cargo test --workspace --all-targets
 bash tests/compat/run.sh

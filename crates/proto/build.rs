@@ -20,6 +20,7 @@ const PROTO_FILES: &[&str] = &[
     "iris/controller.proto",
     "iris/worker.proto",
     "iris/inspect.proto",
+    "iris/actor.proto",
     "finelog/logging.proto",
 ];
 

@@ -10,6 +10,7 @@ controller and asserts on exit codes and output. Prints one line per step and en
 """
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -625,10 +626,10 @@ def _serve_actor(name, seconds):
     time.sleep(seconds)
 
 
-@step
-def actor_call_through_the_proxy():
-    """Issue 16, acceptance 3: the published `iris actor call` reaches an actor served with the
-    published library inside a task, through our controller's /proxy."""
+@contextlib.contextmanager
+def served_actor(tag):
+    """Submits a task serving `_Calculator` under `<job>/calc` (published ActorServer) and
+    yields the endpoint's name once it is listed; cancels the job afterwards."""
     from iris.client import IrisClient
     from iris.cluster.types import Entrypoint, ResourceSpec
 
@@ -636,17 +637,32 @@ def actor_call_through_the_proxy():
     with IrisClient.remote(ARGS.controller_url, workspace=Path(WORKSPACE)) as client:
         client.submit(
             Entrypoint.from_callable(_serve_actor, "calc", 600),
-            name("actor"),
+            name(tag),
             ResourceSpec(cpu=0.1, memory="256MB", disk="100MB"),
             user=USER,
         )
-    endpoint = f"{job_id('actor')}/calc"
+    endpoint = f"{job_id(tag)}/calc"
     try:
         wait_until(
             "the actor endpoint to be listed",
             lambda: endpoint in ok(iris("endpoints", "list", endpoint, "--exact")).out,
             timeout=120,
         )
+        yield endpoint
+    finally:
+        iris("job", "cancel", job_id(tag))
+
+
+def proxied_url(endpoint):
+    """The endpoint's `/proxy` URL on our controller (dots for the name's slashes)."""
+    return ARGS.controller_url.rstrip("/") + "/proxy/" + endpoint.strip("/").replace("/", ".")
+
+
+@step
+def actor_call_through_the_proxy():
+    """Issue 16, acceptance 3: the published `iris actor call` reaches an actor served with the
+    published library inside a task, through our controller's /proxy."""
+    with served_actor("actor") as endpoint:
         # The published CLI sends a bearer with every actor call; without auth any token does.
         env = dict(os.environ, MARIN_CLUSTER_TOKEN="compat")
         r = subprocess.run(
@@ -656,15 +672,138 @@ def actor_call_through_the_proxy():
         )
         assert r.returncode == 0 and '"sum": 42' in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
         # The `rpc actor` group talks to whatever URL it is given: the endpoint's /proxy path.
-        proxied = ARGS.controller_url.rstrip("/") + "/proxy/" + endpoint.strip("/").replace("/", ".")
         for method, want in (("health-check", '"healthy": true'), ("list-actors", endpoint)):
             r = subprocess.run(
-                [ARGS.iris, "--controller-url", proxied, "rpc", "actor", method],
+                [ARGS.iris, "--controller-url", proxied_url(endpoint), "rpc", "actor", method],
                 capture_output=True, text=True, timeout=120, env=env, cwd=WORKSPACE,
             )
             assert r.returncode == 0 and want in r.stdout, (method, r.returncode, r.stdout, r.stderr[-2000:])
-    finally:
-        iris("job", "cancel", job_id("actor"))
+
+
+OURS = Path(__file__).resolve().parents[2] / "target" / "debug" / "iris"
+
+
+def ours(*args, url=None, timeout=120):
+    """Runs OUR CLI (the debug build) against `url` (default: the controller)."""
+    argv = [str(OURS), "--controller-url", url or ARGS.controller_url, *args]
+    proc = subprocess.run(argv, cwd=WORKSPACE, env=dict(os.environ, IRIS_USER=USER),
+                          capture_output=True, text=True, timeout=timeout)
+    return Result(["(ours)", *args], proc)
+
+
+def published_rpc_tree():
+    """{(service, method): sorted flags} from the published click tree."""
+    import click
+    from iris.cli.main import iris as published
+
+    ctx = click.Context(published)
+    rpc = published.commands["rpc"]
+    tree = {}
+    for service in ("controller", "worker", "actor"):
+        group = rpc.get_command(ctx, service)
+        for method in group.list_commands(ctx):
+            cmd = group.get_command(ctx, method)
+            flags = [o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+            tree[(service, method)] = sorted(flags)
+    return tree
+
+
+def help_section(text, title):
+    """The lines of a clap help section (`Commands:`, `Options:`)."""
+    out, inside = [], False
+    for line in text.splitlines():
+        if line.strip() == title:
+            inside = True
+        elif inside and line and not line.startswith(" "):
+            inside = False
+        elif inside and line.strip():
+            out.append(line)
+    return out
+
+
+@step
+def ours_rpc_tree_matches_the_published():
+    """Our `iris rpc controller|worker|actor` has the published CLI's methods, each with the
+    published flags (--json plus one per singular scalar request field), leaf for leaf."""
+    want = published_rpc_tree()
+    got = {}
+    for service in ("controller", "worker", "actor"):
+        r = ok(ours("rpc", service, "--help"))
+        methods = [l.split()[0] for l in help_section(r.out, "Commands:") if l.split()[0] != "help"]
+        for method in methods:
+            h = ok(ours("rpc", service, method, "--help")).out
+            flags = re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z0-9-]*)", "\n".join(help_section(h, "Options:")), re.M)
+            got[(service, method)] = sorted(f for f in flags if f not in ("--help", "--controller-url", "--verbose"))
+    assert sorted(got) == sorted(want), (sorted(set(got) ^ set(want)))
+    diff = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+    assert not diff, diff
+
+
+@step
+def ours_rpc_controller_calls():
+    """OUR `iris rpc controller ...`: list-jobs and get-job-status --job-id print the reply as
+    JSON; launch-job builds its request from --json plus field flags; an error status exits 1
+    with its code and message."""
+    import json
+
+    job = submit("rpc-seen", ["true"])
+    r = ok(ours("rpc", "controller", "list-jobs"))
+    listed = [j["jobId"] for j in json.loads(r.out).get("jobs", [])]
+    assert job in listed, r.describe()
+    r = ok(ours("rpc", "controller", "get-job-status", "--job-id", job))
+    assert json.loads(r.out)["job"]["jobId"] == job, r.describe()
+
+    target = job_id("rpc-launch")
+    body = json.dumps({
+        "name": "overridden-by-the-flag",
+        "entrypoint": {"runCommand": {"argv": ["true"]}},
+        "resources": {"cpuMillicores": 100, "memoryBytes": str(256 << 20)},
+    })
+    launch = ["rpc", "controller", "launch-job", "--json", body, "--name", target, "--replicas", "2",
+              "--max-task-failures", "1"]
+    r = ok(ours(*launch))
+    assert json.loads(r.out)["jobId"] == target, r.describe()
+
+    def status():
+        return json.loads(ok(ours("rpc", "controller", "get-job-status", "--job-id", target)).out)
+
+    st = wait_until("the launched job to finish", lambda: (lambda s: s if s["job"]["state"] in (
+        "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_KILLED") else None)(status()), timeout=120)
+    assert st["job"]["state"] == "JOB_STATE_SUCCEEDED", st
+    assert st["request"]["replicas"] == 2 and st["request"]["maxTaskFailures"] == 1, st["request"]
+    assert st["request"]["entrypoint"]["runCommand"]["argv"] == ["true"], st["request"]
+
+    # --fail-if-exists refuses the existing name; --no-fail-if-exists replaces the finished job.
+    r = ours(*launch, "--fail-if-exists")
+    assert r.rc == 1 and r.err.startswith("error: ") and "(already_exists)" in r.err, r.describe()
+    assert "RpcError" not in r.err and "Some(" not in r.err, r.describe()
+    r = ok(ours(*launch, "--no-fail-if-exists"))
+    assert json.loads(r.out)["jobId"] == target, r.describe()
+
+    r = ours("rpc", "controller", "get-job-status", "--job-id", job_id("rpc-never-submitted"))
+    assert r.rc == 1 and "(not_found)" in r.err and job_id("rpc-never-submitted") in r.err, r.describe()
+    r = ours("rpc", "controller", "get-job-status", "--json", '{"jobid": "x"}')
+    assert r.rc == 1 and "GetJobStatusRequest" in r.err and "jobId" in r.err, r.describe()
+
+
+@step
+def ours_actor_call_through_the_proxy():
+    """OUR `iris actor call` pickles the kwargs, calls the actor through the controller's
+    /proxy and prints the unpickled result as the published CLI does; an exception the method
+    raises exits 1 with its type and message. OUR `rpc actor` reaches the proxied service."""
+    import json
+
+    with served_actor("our-actor") as endpoint:
+        r = ok(ours("actor", "call", endpoint, "add", '{"a": 2, "b": 40}'))
+        assert json.loads(r.out) == {"sum": 42} and r.out.startswith('{\n  "sum": 42'), r.describe()
+        r = ours("actor", "call", endpoint, "add", '{"a": 2}')
+        assert r.rc == 1 and "TypeError" in r.err and "b" in r.err, r.describe()
+        r = ok(ours("rpc", "actor", "list-actors", url=proxied_url(endpoint)))
+        assert endpoint in [a["name"] for a in json.loads(r.out)["actors"]], r.describe()
+        r = ok(ours("rpc", "actor", "health-check", url=proxied_url(endpoint)))
+        assert json.loads(r.out) == {"healthy": True}, r.describe()
+    r = ours("actor", "call", job_id("no-such-actor") + "/calc", "add", "{}", "--timeout", "2")
+    assert r.rc == 1 and "(not_found)" in r.err, r.describe()
 
 
 @step
@@ -809,6 +948,216 @@ def tokens_interoperate_with_the_python_implementation():
         ).stdout.strip()
         claims = JwksVerifier(issuers={"compat": [py_key.public_pem]}, expected_audiences=frozenset({"iris"})).verify(token)
         assert claims.sub == "alice" and claims.claims["role"] == "user", claims
+
+
+# --------------------------------------------------------------------------------------------
+# The published command tree, leaf for leaf and flag for flag
+
+
+def _ours():
+    return str(Path(__file__).resolve().parents[2] / "target" / "debug" / "iris")
+
+
+def published_leaves():
+    """Every leaf command of the published CLI's click tree (lazy groups included) with the
+    flags it takes: {"job run": {"--cpu", ...}}."""
+    import click
+    from iris.cli.main import iris as root
+
+    out = {}
+
+    def walk(cmd, path, ctx):
+        if isinstance(cmd, click.Group):
+            for sub_name in cmd.list_commands(ctx):
+                sub = cmd.get_command(ctx, sub_name)
+                if sub is None or sub.hidden:
+                    continue
+                walk(sub, path + [sub_name], click.Context(sub, parent=ctx, info_name=sub_name))
+            return
+        flags = set()
+        for p in cmd.params:
+            if isinstance(p, click.Option):
+                flags.update(o for o in [*p.opts, *p.secondary_opts] if o.startswith("-"))
+        out[" ".join(path)] = flags
+
+    walk(root, [], click.Context(root, info_name="iris"))
+    return out
+
+
+def our_leaf(path):
+    """Whether our CLI has the command `path` as a leaf, and the flags its `--help` lists."""
+    proc = subprocess.run([_ours(), *path.split(), "--help"], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        return None, proc.stderr
+    flags, section = set(), None
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^(\w[\w ]*):\s*$", line)
+        if m:
+            section = m.group(1)
+            continue
+        if section == "Options":
+            m = re.match(r"^\s+((?:-\w, )?--[\w-]+|-\w)(?:[ =]|$)", line)
+            if m:
+                flags.update(m.group(1).split(", "))
+    return flags, proc.stdout
+
+
+@step
+def every_published_command_and_flag_exists_in_ours():
+    """A walk over the published CLI's click tree: each leaf command exists in ours (as a
+    leaf: its `--help` lists options) and takes every flag the published one takes."""
+    leaves = published_leaves()
+    assert len(leaves) > 100, f"the walk found only {len(leaves)} leaves"
+    missing = []
+    for path, flags in sorted(leaves.items()):
+        ours, text = our_leaf(path)
+        if ours is None:
+            missing.append(f"iris {path}: no such command ({text.strip().splitlines()[-1] if text.strip() else ''})")
+            continue
+        lacking = sorted(f for f in flags if f not in ours)
+        if lacking:
+            missing.append(f"iris {path}: lacks {', '.join(lacking)}")
+    assert not missing, f"{len(missing)} of {len(leaves)} published leaves differ:\n  " + "\n  ".join(missing)
+
+
+def run_ours(*args, timeout=60):
+    return subprocess.run([_ours(), "--controller-url", ARGS.controller_url, *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@step
+def cluster_vm_status_and_logs_show_the_scale_group_and_its_workers():
+    """`cluster vm status` and `cluster vm logs` (published and ours) read GetAutoscalerStatus
+    and GetWorkerStatus: the compat cluster's `cpu` group with its four local workers."""
+    r = ok(iris("cluster", "vm", "status"))
+    assert "Scale Group: cpu" in r.out and "Slices: 4/4 ready" in r.out, r.describe()
+    vm_ids = re.findall(r"^\s+(worker-\S+): VM_STATE_READY \(", r.out, re.M)
+    assert len(vm_ids) == 4, r.describe()
+    o = run_ours("cluster", "vm", "status", "--scale-group", "cpu")
+    assert o.returncode == 0 and "Slices: 4/4 ready" in o.stdout, o.stdout + o.stderr
+    assert all(v in o.stdout for v in vm_ids), o.stdout
+    o = run_ours("cluster", "vm", "status", "--scale-group", "gpu-nope")
+    assert o.returncode != 0 and "no such scale group" in o.stderr and "cpu" in o.stderr, o.stderr
+    r = ok(iris("cluster", "vm", "logs", vm_ids[0]))
+    assert f"Worker: {vm_ids[0]}" in r.out and "Healthy: True" in r.out, r.describe()
+    o = run_ours("cluster", "vm", "logs", vm_ids[0])
+    assert o.returncode == 0 and f"Worker: {vm_ids[0]}" in o.stdout and "Healthy: true" in o.stdout, o.stdout
+    r = iris("cluster", "vm", "logs", "no-such-worker")
+    assert r.rc != 0 and "not found" in (r.out + r.err), r.describe()
+
+
+@step
+def unsupported_commands_say_why():
+    """Image builds and VM re-bootstraps answer with the reason and exit 2; create-slice on a
+    local cluster is refused as the published CLI refuses it."""
+    for args in (["build", "all"], ["build", "worker-image", "--push"], ["cluster", "controller", "worker-restart"]):
+        o = subprocess.run([_ours(), *args], capture_output=True, text=True, timeout=30)
+        assert o.returncode == 2 and "not supported by this controller" in o.stderr, (args, o.stderr)
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d, "local.yaml")
+        cfg.write_text("name: c\nplatform: {local: {}}\ncontroller: {local: {port: 0}}\n")
+        o = subprocess.run([_ours(), "--config", str(cfg), "cluster", "create-slice", "--scale-group", "cpu"],
+                           capture_output=True, text=True, timeout=30)
+        assert o.returncode != 0 and "not supported for local clusters" in o.stderr, o.stderr
+
+
+
+# --- process diagnostics: exec, profiles, process status and logs (both CLIs) ---------------
+
+# A Python task that reports its working directory once and then sleeps in a named loop.
+_DIAG_LOOP = (
+    "import os, sys, time\n"
+    "print('compat-cwd=' + os.getcwd(), flush=True)\n"
+    "def compat_sleepy_loop():\n"
+    "    while True:\n"
+    "        time.sleep(0.2)\n"
+    "compat_sleepy_loop()\n"
+)
+_DIAG = {}
+
+
+def diag_task():
+    """One running Python task (submitted once, shared by the diagnostics steps): its id and the
+    working directory it printed."""
+    if "task" not in _DIAG:
+        job = submit("diag", ["python3", "-c", _DIAG_LOOP], "-e", "COMPAT_EXEC_VAR", "given-with-e")
+        task = f"{job}/0"
+        wait_until(f"{task} running", lambda: api_task_state(task) == "running", timeout=120)
+
+        def cwd():
+            r = iris("task", "logs", task)
+            m = re.search(r"compat-cwd=(\S+)", r.out)
+            return m and m.group(1)
+
+        _DIAG.update(task=task, cwd=wait_until(f"{task} to print its directory", cwd, timeout=60))
+    return _DIAG["task"], _DIAG["cwd"]
+
+
+def both_clis():
+    """(name, runner) for the published CLI and ours."""
+    return [("published", iris), ("ours", ours)]
+
+
+@step
+def task_exec_runs_in_the_tasks_directory_with_its_env():
+    task, cwd = diag_task()
+    for who, cli in both_clis():
+        r = ok(cli("task", "exec", task, "--", "sh", "-c", "pwd; echo var=$COMPAT_EXEC_VAR; echo id=$IRIS_TASK_ID"))
+        lines = r.out.splitlines()
+        # IRIS_TASK_ID names the attempt too (`<task>:<N>`), as the task itself sees it.
+        assert lines[:3] == [cwd, "var=given-with-e", f"id={task}:0"], (who, r.describe())
+        r = cli("task", "exec", task, "--", "sh", "-c", "echo oops >&2; exit 3")
+        assert r.rc == 3 and "oops" in r.err, (who, r.describe())
+
+
+@step
+def task_exec_of_a_finished_task_is_refused():
+    job = submit("exec-done", ["true"])
+    wait_until(f"{job} succeeded", lambda: api_job_state(job) == "succeeded", timeout=120)
+    for who, cli in both_clis():
+        r = cli("task", "exec", f"{job}/0", "--", "pwd")
+        assert r.rc != 0 and "not running" in r.out + r.err, (who, r.describe())
+
+
+@step
+def task_profile_threads_shows_the_python_stack():
+    task, _ = diag_task()
+    for who, cli in both_clis():
+        r = ok(cli("task", "profile", task, "threads", timeout=180))
+        assert "compat_sleepy_loop" in r.out, (who, r.describe())
+
+
+@step
+def process_status_shows_the_controller():
+    for who, cli in both_clis():
+        r = ok(cli("process", "status"))
+        assert "=== Controller Process Status ===" in r.out, (who, r.describe())
+        assert re.search(r"^PID:\s+\d+$", r.out, re.M), (who, r.describe())
+        assert re.search(r"^Uptime:\s+\S+", r.out, re.M), (who, r.describe())
+        assert re.search(r"iris controller \d+\.\d+\.\d+", r.out), (who, r.describe())
+
+
+@step
+def process_logs_substring_finds_a_controller_line():
+    job = submit("logged", ["true"])
+    for who, cli in both_clis():
+        r = ok(cli("process", "logs", "--substring", job))
+        hits = [l for l in r.out.splitlines() if job in l]
+        assert hits and all("job accepted" in l for l in hits), (who, r.describe())
+        r = ok(cli("process", "logs", "--substring", f"{job}-never-logged"))
+        assert r.out.strip() == "", (who, r.describe())
+
+
+@step
+def process_status_of_a_worker():
+    import json
+
+    r = ok(ours("rpc", "controller", "list-workers"))
+    worker = json.loads(r.out)["workers"][0]["workerId"]
+    for who, cli in both_clis():
+        r = ok(cli("process", "status", "-t", f"/system/worker/{worker}"))
+        assert f"=== /system/worker/{worker} Process Status ===" in r.out, (who, r.describe())
+        assert re.search(r"iris worker \d+\.\d+\.\d+", r.out), (who, r.describe())
 
 
 def main():

@@ -33,6 +33,11 @@ if [[ ! -x "$VENV/bin/iris" ]] || [[ ! -x "$VENV/bin/uv" ]] ||
         "marin-iris==$MARIN_IRIS_VERSION" "marin-finelog==0.2.71.dev40003900277" "httpx<1" \
         "uv==0.9.5"
 fi
+# py-spy: `task profile threads` dumps a task's Python stacks with it (the workers find it on
+# their PATH through the venv). Checked on its own so an existing venv gets it too.
+if [[ "$("$VENV/bin/pip" show py-spy 2>/dev/null || true)" != *"Version: 0.4.3"* ]]; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check "py-spy==0.4.3"
+fi
 
 cargo build -q -p iris-cli
 BIN="$ROOT/target/debug/iris"

@@ -22,6 +22,9 @@ pub enum BenchCmd {
     /// `/proxy`: requests per second and the latency it adds over a direct connection, for small
     /// and 1 MiB bodies (controller, worker and upstream in-process).
     Proxy(crate::bench_proxy::ProxyArgs),
+    /// Checkpoint time and size for a DB of N finished jobs, and restore time, against a remote
+    /// state dir (`s3://…` with AWS_ENDPOINT_URL and friends, `gs://…`, or a path).
+    Checkpoint(crate::bench_checkpoint::CheckpointArgs),
 }
 
 #[derive(Args)]
@@ -63,6 +66,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     let cmd = match cmd {
         BenchCmd::Memory(a) => return crate::bench_memory::run(a).await,
         BenchCmd::Federation(a) => return crate::bench_federation::run(a).await,
+        BenchCmd::Checkpoint(a) => return crate::bench_checkpoint::run(a).await,
         other => other,
     };
     let dir = tempdir()?;
@@ -74,7 +78,9 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::Submit(a) => submit(&url, a).await,
         BenchCmd::Latency(a) => latency(&url, &dir, a).await,
         BenchCmd::Proxy(a) => crate::bench_proxy::run(&url, &dir, a).await,
-        BenchCmd::Memory(_) | BenchCmd::Federation(_) => unreachable!("handled above"),
+        BenchCmd::Memory(_) | BenchCmd::Federation(_) | BenchCmd::Checkpoint(_) => {
+            unreachable!("handled above")
+        }
     };
     ctl.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -209,17 +209,12 @@ impl ClusterConfig {
         warn(
             set(&self.endpoints),
             "endpoints",
-            "there is no endpoint registry yet",
+            "named system endpoints are not registered from the config (tasks register their own)",
         );
         warn(
             set(&self.task_outputs),
             "task_outputs",
             "task outputs are not uploaded",
-        );
-        warn(
-            set(&self.user_budget_defaults) || set(&self.user_budgets),
-            "user_budget_defaults / user_budgets",
-            "budgets are set with `iris user budget set`",
         );
         warn(
             text(&self.federation_public_parent),
@@ -242,6 +237,67 @@ impl ClusterConfig {
     /// The env every task starts with unless its job sets the same key: the published
     /// `defaults.task_env`, under `defaults.worker.task_env` (a worker's own entry wins, as the
     /// reference propagates it), and our older top-level `task_env` over both.
+    /// `user_budget_defaults` and `user_budgets`, validated (the reference's defaults when
+    /// absent: 1000 and INTERACTIVE).
+    pub fn budgets(
+        &self,
+    ) -> anyhow::Result<(
+        iris_controller::BudgetDefaults,
+        Vec<iris_controller::BudgetTier>,
+    )> {
+        let mut defaults = iris_controller::BudgetDefaults::default();
+        if let Some(d) = self.user_budget_defaults.as_ref().filter(|v| !v.is_null()) {
+            let m = budget_map(d, "user_budget_defaults", &["budget_limit", "max_band"])?;
+            if let Some(v) = m.get("budget_limit") {
+                defaults.limit = budget_limit(v, "user_budget_defaults.budget_limit")?;
+            }
+            if let Some(v) = m.get("max_band") {
+                defaults.max_band = budget_band(v, "user_budget_defaults.max_band")?;
+            }
+        }
+        let mut tiers = Vec::new();
+        let Some(list) = self.user_budgets.as_ref().filter(|v| !v.is_null()) else {
+            return Ok((defaults, tiers));
+        };
+        let Some(list) = list.as_sequence() else {
+            anyhow::bail!("user_budgets: expected a list of {{user_ids, budget_limit, max_band}}");
+        };
+        for (i, t) in list.iter().enumerate() {
+            let at = format!("user_budgets[{i}]");
+            let m = budget_map(t, &at, &["user_ids", "budget_limit", "max_band"])?;
+            let user_ids = match m.get("user_ids").and_then(|v| v.as_sequence()) {
+                Some(ids) => ids
+                    .iter()
+                    .map(|u| {
+                        u.as_str()
+                            .map(str::to_string)
+                            .filter(|u| !u.trim().is_empty())
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("{at}.user_ids: each entry must be a user name")
+                            })
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?,
+                None => anyhow::bail!("{at}.user_ids: required, a list of user names"),
+            };
+            let limit = match m.get("budget_limit") {
+                Some(v) => budget_limit(v, &format!("{at}.budget_limit"))?,
+                None => 0,
+            };
+            let max_band = match m.get("max_band") {
+                Some(v) => budget_band(v, &format!("{at}.max_band"))?,
+                None => anyhow::bail!(
+                    "{at}.max_band: required (PRIORITY_BAND_SYSTEM, _PRODUCTION, _INTERACTIVE or _BATCH)"
+                ),
+            };
+            tiers.push(iris_controller::BudgetTier {
+                user_ids,
+                limit,
+                max_band,
+            });
+        }
+        Ok((defaults, tiers))
+    }
+
     pub fn task_env(&self) -> anyhow::Result<BTreeMap<String, String>> {
         let section = |path: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
             let mut v = self.defaults.as_ref();
@@ -497,6 +553,46 @@ pub fn attr_string(v: &serde_yaml::Value) -> String {
             .trim()
             .to_string(),
     }
+}
+
+fn budget_map<'a>(
+    v: &'a serde_yaml::Value,
+    at: &str,
+    keys: &[&str],
+) -> anyhow::Result<BTreeMap<&'a str, &'a serde_yaml::Value>> {
+    let Some(m) = v.as_mapping() else {
+        anyhow::bail!("{at}: expected a mapping with {}", keys.join(", "));
+    };
+    let mut out = BTreeMap::new();
+    for (k, v) in m {
+        let Some(k) = k.as_str() else {
+            anyhow::bail!("{at}: keys must be strings");
+        };
+        if !keys.contains(&k) {
+            anyhow::bail!("{at}.{k}: unknown key; valid keys are {}", keys.join(", "));
+        }
+        out.insert(k, v);
+    }
+    Ok(out)
+}
+
+fn budget_limit(v: &serde_yaml::Value, at: &str) -> anyhow::Result<i64> {
+    v.as_i64()
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| anyhow::anyhow!("{at}: expected a whole number >= 0 (0 = unlimited)"))
+}
+
+fn budget_band(v: &serde_yaml::Value, at: &str) -> anyhow::Result<iris_types::Band> {
+    let band = match (v.as_str(), v.as_i64()) {
+        (Some(s), _) => iris_types::Band::parse(s).ok(),
+        (_, Some(n)) => i32::try_from(n).ok().and_then(iris_types::Band::from_code),
+        _ => None,
+    };
+    band.ok_or_else(|| {
+        anyhow::anyhow!(
+            "{at}: expected PRIORITY_BAND_SYSTEM, PRIORITY_BAND_PRODUCTION, PRIORITY_BAND_INTERACTIVE or PRIORITY_BAND_BATCH"
+        )
+    })
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ pub fn report(path: Option<&Path>) -> anyhow::Result<i32> {
     // Everything a start validates, in the same order.
     let groups = local::plan_groups(&cfg)?;
     let federation = config::federation(&cfg)?;
-    let kube = local::kube_settings(&cfg)?;
+    let kube = crate::kube_config::kube_settings(&cfg)?;
     let task_env = cfg.task_env()?;
 
     println!("Config: {}", path.display());
@@ -68,6 +68,13 @@ pub fn report(path: Option<&Path>) -> anyhow::Result<i32> {
             gib(g.disk),
         );
     }
+    let (defaults, tiers) = cfg.budgets()?;
+    println!(
+        "Budgets: default limit {} (0 = unlimited), max band {}; {} user(s) set by user_budgets",
+        defaults.limit,
+        defaults.max_band,
+        tiers.iter().map(|t| t.user_ids.len()).sum::<usize>()
+    );
     match &cfg.auth {
         None => println!("Auth: none (every caller is the anonymous admin)"),
         Some(a) => {

@@ -6,9 +6,20 @@ use std::collections::BTreeMap;
 
 #[derive(Args)]
 pub struct InitKeysArgs {
-    /// Write the private key here (mode 0600) and print its `file:` reference.
+    /// Write the private key here (mode 0600) and print its `file:` reference. A file that
+    /// already holds a key is read back (its public half printed), never overwritten.
     #[arg(long)]
     pub out_file: Option<std::path::PathBuf>,
+    /// Replace the key in --out-file with a new one (the old one is kept beside it as
+    /// `<file>.previous`; list its public key in auth.previous_public_keys during the overlap).
+    #[arg(long)]
+    pub rotate: bool,
+    /// GCP Secret Manager (not supported by this build: use --out-file).
+    #[arg(long)]
+    pub gcp_secret: Option<String>,
+    /// With --gcp-secret (not supported by this build).
+    #[arg(long)]
+    pub accessor: Option<String>,
 }
 
 #[derive(Args)]
@@ -84,6 +95,36 @@ pub fn parse_ttl(s: &str) -> anyhow::Result<u64> {
 }
 
 pub fn init_keys(a: InitKeysArgs) -> anyhow::Result<i32> {
+    if a.gcp_secret.is_some() || a.accessor.is_some() {
+        anyhow::bail!("--gcp-secret/--accessor: GCP Secret Manager is not supported by this build; write the key with --out-file FILE and reference it as auth.signing_key: file:FILE");
+    }
+    if a.rotate && a.out_file.is_none() {
+        anyhow::bail!("--rotate replaces the key in --out-file FILE; pass the file");
+    }
+    // An existing key is the cluster's identity: read it back unless told to rotate it.
+    if let Some(p) = a.out_file.as_ref().filter(|p| p.exists()) {
+        if a.rotate {
+            let previous = std::path::PathBuf::from(format!("{}.previous", p.display()));
+            std::fs::rename(p, &previous).with_context(|| {
+                format!("--rotate: moving {} to {}", p.display(), previous.display())
+            })?;
+            println!("previous key: {}", previous.display());
+        } else {
+            let pem = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the existing key {}", p.display()))?;
+            let k = iris_auth::Keypair::from_pem(&pem).map_err(|e| {
+                anyhow::anyhow!("{} exists but holds no Ed25519 private key ({e}); move it aside, or pass --rotate", p.display())
+            })?;
+            let abs = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            println!(
+                "signing_key: file:{} (existing key; pass --rotate to replace it)",
+                abs.display()
+            );
+            println!("kid: {}", k.kid());
+            print!("{}", k.public_pem().map_err(anyhow::Error::msg)?);
+            return Ok(0);
+        }
+    }
     let k = iris_auth::Keypair::generate();
     let private = k.private_pem().map_err(anyhow::Error::msg)?;
     match &a.out_file {
@@ -261,8 +302,29 @@ pub fn cli_token() -> Option<String> {
         })
 }
 
-/// `iris login --token T`: stores the token (mode 0600) for later commands.
-pub fn login(token: &str) -> anyhow::Result<i32> {
+/// `iris login [--token T | --headless]`: stores the token (mode 0600) for later commands.
+/// Without --token the token is read from standard input (the first non-empty line).
+pub fn login(token: Option<String>, headless: bool) -> anyhow::Result<i32> {
+    let token = match token {
+        Some(t) => t,
+        None => {
+            use std::io::BufRead;
+            eprintln!("Paste a token for this cluster (from `iris user token mint USER --signing-key ...` or your cluster admin){}:", if headless { "" } else { ", then press Enter" });
+            let mut line = String::new();
+            for l in std::io::stdin().lock().lines() {
+                let l = l.context("reading the token from standard input")?;
+                if !l.trim().is_empty() {
+                    line = l.trim().to_string();
+                    break;
+                }
+            }
+            if line.is_empty() {
+                anyhow::bail!("no token on standard input; pass --token TOKEN");
+            }
+            line
+        }
+    };
+    let token = token.as_str();
     if token.split('.').count() != 3 {
         anyhow::bail!("--token does not look like a JWT (three dot-separated parts)");
     }

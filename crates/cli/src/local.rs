@@ -31,6 +31,34 @@ pub struct StartArgs {
     /// default: `python3`, else `python`, from PATH).
     #[arg(long)]
     pub python: Option<PathBuf>,
+    /// Start with an empty database: the state dir's DB is set aside (renamed, not deleted) and
+    /// no checkpoint is restored.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Accepted for the published CLI's scripts; a local cluster builds no images.
+    #[arg(long)]
+    pub image_platform: Option<String>,
+    /// Accepted for the published CLI's scripts; a local cluster runs this binary as it is.
+    #[arg(long, value_parser = ["fast", "release"])]
+    pub cargo_profile: Option<String>,
+}
+
+impl StartArgs {
+    /// `cluster restart`: a local cluster from `config` (the embedded one when `None`).
+    pub fn restart(config: Option<PathBuf>, state_dir: Option<PathBuf>) -> StartArgs {
+        StartArgs {
+            local: true,
+            config,
+            state_dir,
+            port: 0,
+            dashboard_port: 0,
+            sample: false,
+            python: None,
+            fresh: false,
+            image_platform: None,
+            cargo_profile: None,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -42,6 +70,20 @@ pub struct ServeArgs {
     pub dry_run: bool,
     #[arg(long, default_value = "127.0.0.1:0")]
     pub bind: std::net::SocketAddr,
+    /// Bind host (overrides --bind's host).
+    #[arg(long)]
+    pub host: Option<std::net::IpAddr>,
+    /// Bind port (overrides --bind's port).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Restore this checkpoint directory (`<remote_state_dir>/controller-state/<epoch_ms>`) into
+    /// an empty state dir (with --fresh, the existing DB is set aside first).
+    #[arg(long)]
+    pub checkpoint_path: Option<String>,
+    /// Start with an empty database: the state dir's DB is set aside (renamed, not deleted) and
+    /// no checkpoint is restored (unless --checkpoint-path names one).
+    #[arg(long)]
+    pub fresh: bool,
     /// Also serve the web dashboard on this address (e.g. 127.0.0.1:0). With auth on it acts as
     /// each browser's session user (`?session_token=` login).
     #[arg(long)]
@@ -260,7 +302,11 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
         Some(p) => crate::target::cluster_state_dir(&crate::target::cluster_name(&cfg, p)),
         None => default_state_dir(),
     });
+    if a.image_platform.is_some() || a.cargo_profile.is_some() {
+        eprintln!("note: --image-platform and --cargo-profile have no effect on a local cluster (it runs this binary; nothing is built)");
+    }
     let mut ccfg = ControllerConfig::local(state_dir.clone());
+    ccfg.fresh = a.fresh;
     ccfg.bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.port));
     ccfg.revision_date = revision_date();
     ccfg.groups = groups.iter().map(capacity).collect();
@@ -268,6 +314,7 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     // to the state dir, never to the config's cloud bucket.
     ccfg.remote_state_dir = Some(state_dir.join("remote-state").display().to_string());
     ccfg.auth = crate::keys::auth_from_config(&cfg)?;
+    (ccfg.budget_defaults, ccfg.budget_tiers) = cfg.budgets()?;
     // With auth on, the printed dashboard URL logs the local user in (a 1-hour admin session).
     let session = ccfg.auth.as_ref().map(|a| {
         let user = std::env::var("USER").unwrap_or_else(|_| "local-admin".into());
@@ -392,6 +439,12 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     let ccfg_state_dir = state_dir.clone();
     let mut ccfg = ControllerConfig::local(state_dir);
     ccfg.bind = a.bind;
+    if let Some(h) = a.host {
+        ccfg.bind.set_ip(h);
+    }
+    if let Some(p) = a.port {
+        ccfg.bind.set_port(p);
+    }
     ccfg.revision_date = revision_date();
     ccfg.worker_grace = Duration::from_secs_f64(a.worker_grace.max(0.1));
     if !(a.query_timeout > 0.0 && a.query_timeout.is_finite()) {
@@ -406,12 +459,28 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     ccfg.checkpoint_max_age = Duration::from_secs_f64(a.checkpoint_max_age);
     ccfg.restore_checkpoint = a.restore_checkpoint.clone();
     ccfg.remote_state_dir = a.remote_state_dir.clone();
+    if let Some(path) = &a.checkpoint_path {
+        let (remote, name) = split_checkpoint_path(path)?;
+        if a.restore_checkpoint.is_some() {
+            anyhow::bail!("pass either --checkpoint-path or --restore-checkpoint, not both");
+        }
+        match &a.remote_state_dir {
+            Some(r) if r.trim_end_matches('/') != remote => anyhow::bail!(
+                "--checkpoint-path {path} is not under --remote-state-dir {r}; pass one of them"
+            ),
+            _ => {}
+        }
+        ccfg.remote_state_dir = Some(remote);
+        ccfg.restore_checkpoint = Some(name);
+    }
+    // --fresh sets the DB aside; a named checkpoint is then restored into the empty dir.
+    ccfg.fresh = a.fresh;
     let loaded = match &a.config {
         Some(p) => Some(config::load(p)?),
         None => None,
     };
     let kube = match &loaded {
-        Some(cfg) => kube_settings(cfg)?,
+        Some(cfg) => crate::kube_config::kube_settings(cfg)?,
         None => None,
     };
     if let Some(cfg) = &loaded {
@@ -420,6 +489,7 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         }
         ccfg.groups = plan_groups(cfg)?.iter().map(capacity).collect();
         ccfg.auth = crate::keys::auth_from_config(cfg)?;
+        (ccfg.budget_defaults, ccfg.budget_tiers) = cfg.budgets()?;
         ccfg.federation = config::federation(cfg)?;
         if !ccfg.federation.peers.is_empty()
             && cfg.auth.as_ref().is_none_or(|a| a.signing_key.is_empty())
@@ -475,130 +545,21 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `kubernetes_provider` (and `platform.coreweave` for the kubeconfig and context) as the
-/// backend's settings, validated; `None` when the cluster uses worker daemons.
-#[allow(clippy::type_complexity)]
-pub(crate) fn kube_settings(
-    cfg: &config::ClusterConfig,
-) -> anyhow::Result<
-    Option<(
-        iris_kube_backend::KubeSettings,
-        Option<String>,
-        Option<String>,
-    )>,
-> {
-    let Some(kp) = &cfg.kubernetes_provider else {
-        return Ok(None);
+/// `--checkpoint-path <remote>/controller-state/<epoch_ms>` as the remote state dir and the
+/// checkpoint's name within it.
+fn split_checkpoint_path(path: &str) -> anyhow::Result<(String, String)> {
+    let p = path.trim().trim_end_matches('/');
+    let marker = format!("/{}/", iris_controller::checkpoint::STATE_DIR);
+    let Some(i) = p.rfind(&marker) else {
+        anyhow::bail!(
+            "--checkpoint-path {path}: expected <remote_state_dir>/{}/<epoch_ms>",
+            iris_controller::checkpoint::STATE_DIR
+        );
     };
-    if cfg.worker_provider.is_some() {
-        anyhow::bail!("kubernetes_provider and worker_provider: choose one backend");
-    }
-    if kp.controller_address.trim().is_empty() {
-        anyhow::bail!("kubernetes_provider.controller_address: required: where pods reach the controller (e.g. http://iris-controller-svc.iris:10000)");
-    }
-    if kp.kueue.cluster_queue.trim().is_empty() {
-        anyhow::bail!("kubernetes_provider.kueue.cluster_queue: required: the ClusterQueue the cluster admin installed for Iris");
-    }
-    for band in kp.priority_classes.keys() {
-        iris_types::Band::parse(band)
-            .map_err(|e| anyhow::anyhow!("kubernetes_provider.priority_classes.{band}: {e}"))?;
-    }
-    let coreweave = cfg
-        .platform
-        .as_ref()
-        .and_then(|p| p.get("coreweave"))
-        .cloned();
-    if let Some(cw) = coreweave.as_ref().and_then(|c| c.as_mapping()) {
-        const KNOWN: [&str; 6] = [
-            "region",
-            "namespace",
-            "kubeconfig_path",
-            "kube_context",
-            "object_storage_endpoint",
-            "external_object_storage_endpoint",
-        ];
-        for k in cw.keys() {
-            let k = k.as_str().unwrap_or("?");
-            if !KNOWN.contains(&k) {
-                anyhow::bail!(
-                    "platform.coreweave.{k}: unknown key (known: {})",
-                    KNOWN.join(", ")
-                );
-            }
-        }
-    }
-    let cw_str = |k: &str| {
-        coreweave
-            .as_ref()
-            .and_then(|c| c.get(k))
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-    };
-    let kubeconfig = kp.kubeconfig.clone().or_else(|| cw_str("kubeconfig_path"));
-    let context = kp.kube_context.clone().or_else(|| cw_str("kube_context"));
-    let namespace = kp
-        .namespace
-        .clone()
-        .or_else(|| cw_str("namespace"))
-        .unwrap_or_else(|| "iris".into());
-    let label_prefix = cfg
-        .platform
-        .as_ref()
-        .and_then(|p| p.get("label_prefix"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("iris")
-        .to_string();
-    let mut gpu_variants = Vec::new();
-    for (name, g) in &cfg.scale_groups {
-        if g.resources.device_type.as_deref() == Some("gpu") {
-            let v = g.resources.device_variant.clone().unwrap_or_default();
-            if v.is_empty() {
-                anyhow::bail!("scale_groups.{name}.resources.device_variant: required for GPU groups on Kubernetes");
-            }
-            if !gpu_variants
-                .iter()
-                .any(|x: &String| x.eq_ignore_ascii_case(&v))
-            {
-                gpu_variants.push(v);
-            }
-        }
-    }
-    let task_image = cfg
-        .defaults
-        .as_ref()
-        .and_then(|d| d.get("worker"))
-        .and_then(|w| {
-            w.get("default_task_image")
-                .or_else(|| w.get("docker_image"))
-        })
-        .and_then(|v| v.as_str())
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or("ghcr.io/marin-community/iris-task:latest")
-        .to_string();
-    let provider = iris_kube_model::ProviderConfig {
-        namespace,
-        label_prefix,
-        host_network: kp.host_network,
-        cache_dir: kp.cache_dir.clone().unwrap_or_else(|| "/cache".into()),
-        default_task_image: task_image,
-        controller_address: Some(kp.controller_address.clone()),
-        service_account: kp.service_account.clone(),
-        task_env: cfg.task_env()?,
-        priority_classes: kp.priority_classes.clone(),
-        kueue_topologies: kp.kueue.topologies.clone(),
-        deadline_grace_seconds: 0,
-    };
-    Ok(Some((
-        iris_kube_backend::KubeSettings {
-            provider,
-            cluster_queue: kp.kueue.cluster_queue.clone(),
-            gpu_variants,
-            scale_groups: cfg.scale_groups.keys().cloned().collect(),
-            controller_url: kp.controller_address.clone(),
-        },
-        kubeconfig,
-        context,
-    )))
+    let name = p[i + 1..].to_string();
+    iris_controller::checkpoint::parse_checkpoint_name(&name)
+        .with_context(|| format!("--checkpoint-path {path}"))?;
+    Ok((p[..i].to_string(), name))
 }
 
 /// Starts the web dashboard for the controller at `url` and prints its address.
@@ -620,11 +581,11 @@ async fn start_dashboard(
 /// still starting is not lethal: its default action would kill the process and leave its
 /// workers' tasks running), or Ctrl-C once the daemon is up (during startup Ctrl-C still
 /// interrupts at once).
-struct ShutdownSignal {
+pub(crate) struct ShutdownSignal {
     term: Option<tokio::signal::unix::Signal>,
 }
 
-fn shutdown_signal() -> ShutdownSignal {
+pub(crate) fn shutdown_signal() -> ShutdownSignal {
     use tokio::signal::unix::{signal, SignalKind};
     ShutdownSignal {
         term: signal(SignalKind::terminate()).ok(),
@@ -632,7 +593,7 @@ fn shutdown_signal() -> ShutdownSignal {
 }
 
 impl ShutdownSignal {
-    async fn recv(self) {
+    pub(crate) async fn recv(self) {
         let Some(mut term) = self.term else {
             let _ = tokio::signal::ctrl_c().await;
             return;

@@ -5,6 +5,7 @@
 //! `iris job ...`, and so on), and [`client`] holds the calls to the controller.
 
 mod bench;
+mod bench_checkpoint;
 mod bench_federation;
 mod bench_memory;
 mod bench_proxy;
@@ -13,12 +14,15 @@ mod cmd;
 mod config;
 mod dry_run;
 mod keys;
+mod kube_config;
+mod lifecycle;
 mod local;
 mod output;
 mod rollout;
 mod secrets;
 mod setup_scripts;
 mod target;
+mod tunnel;
 mod workspace;
 
 use clap::{Args, Parser, Subcommand};
@@ -59,23 +63,23 @@ enum Cmd {
     /// Inspect and act on single attempts (`<task>:<N>`).
     #[command(subcommand)]
     Attempt(AttemptCmd),
+    /// Diagnose the controller, a worker or a task's process: status, logs, profiles.
+    #[command(subcommand)]
+    Process(cmd::process::ProcessCmd),
     /// Read-only SQL over the controller DB.
     Query {
         sql: String,
         #[arg(short = 'f', long, default_value = "table", value_parser = ["table", "csv", "json"])]
         format: String,
     },
-    /// Call any controller method with JSON in and JSON out (`controller`: the published
-    /// `ControllerService`; `inspect`: Iris's typed reads, `iris.inspect.InspectService`).
-    Rpc {
-        #[arg(value_parser = ["controller", "inspect"])]
-        target: String,
-        /// Method name, e.g. list-workers or ListWorkers.
-        method: String,
-        /// JSON request body (default `{}`).
-        #[arg(long, default_value = "{}")]
-        json: String,
-    },
+    /// Execute RPC calls against Iris services.
+    ///
+    /// `iris rpc controller|worker|actor|inspect <method> [--json BODY] [--<field> VALUE]...`
+    /// prints the reply as JSON; an error status exits 1.
+    Rpc(cmd::rpc::RpcArgs),
+    /// Interact with actors served by tasks, through the controller's `/proxy`.
+    #[command(subcommand)]
+    Actor(cmd::actor::ActorCmd),
     /// Clusters: start a local one, show status, run daemons.
     #[command(subcommand)]
     Cluster(ClusterCmd),
@@ -91,9 +95,17 @@ enum Cmd {
     Endpoints(EndpointsCmd),
     /// Store a token for later commands (sent as `authorization: Bearer`).
     Login {
+        /// The token (from `iris user token mint` or your cluster's admin).
         #[arg(long)]
-        token: String,
+        token: Option<String>,
+        /// Print where to get a token and read it from standard input (for a box without a
+        /// browser or clipboard; also what happens without --token).
+        #[arg(long)]
+        headless: bool,
     },
+    /// Image builds (not supported: Iris is one binary; answers with the reason).
+    #[command(subcommand)]
+    Build(lifecycle::BuildCmd),
     /// Benchmarks against an in-process controller (prints figures).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -166,7 +178,8 @@ struct RunArgs {
     gpu: Option<String>,
     #[arg(long)]
     tpu: Option<String>,
-    /// Accepted for compatibility; GPU and TPU requests need no extra flag here.
+    /// Allow accelerators, >= 4 GB of memory or >= 10 GB of disk on this job (as the published
+    /// CLI, which refuses them without it: they usually belong on the tasks a job spawns).
     #[arg(long)]
     enable_extra_resources: bool,
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
@@ -220,6 +233,11 @@ struct RunArgs {
     /// Do not ship the working directory.
     #[arg(long)]
     no_bundle: bool,
+    /// Availability constraint: schedule only where this accelerator can be found (the job
+    /// waits otherwise). `[COUNT:]DEVICE`, e.g. `4:H100x8` or `v5litepod-16`; the count is
+    /// ignored (repeatable).
+    #[arg(long, action = clap::ArgAction::Append)]
+    reserve: Vec<String>,
     /// A uv extra to install in the task's setup (`--extra cpu`; repeatable).
     #[arg(long = "extra", action = clap::ArgAction::Append)]
     extras: Vec<String>,
@@ -320,6 +338,14 @@ enum TaskCmd {
     Wait {
         task_id: String,
     },
+    /// Run a command in a running task's directory and environment.
+    Exec(cmd::task::ExecArgs),
+    /// Profile a running task's current attempt (threads, cpu or mem).
+    Profile {
+        task_id: String,
+        #[command(flatten)]
+        profile: cmd::process::ProfileArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -342,6 +368,12 @@ enum AttemptCmd {
     },
     Preempt(BulkArgs),
     Fail(BulkArgs),
+    /// Profile one running attempt (`<task>:<N>`).
+    Profile {
+        attempt_id: String,
+        #[command(flatten)]
+        profile: cmd::process::ProfileArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -357,6 +389,31 @@ enum ClusterCmd {
     /// Controller daemon commands.
     #[command(subcommand)]
     Controller(ControllerCmd),
+    /// Stop the local cluster's controller, its workers and their tasks (SIGTERM; waits).
+    Stop(lifecycle::StopArgs),
+    /// Stop the local cluster, then start it again (in the foreground, as `cluster start`).
+    Restart {
+        /// The local cluster's state dir (default: the one --config/--cluster selects).
+        #[arg(long)]
+        state_dir: Option<std::path::PathBuf>,
+    },
+    /// Serve the dashboard on 127.0.0.1 for the selected controller until Ctrl-C.
+    Dashboard,
+    /// Serve a local dashboard that reads the selected (remote) controller through its RPCs.
+    DashboardProxy(lifecycle::DashboardProxyArgs),
+    /// The log server (built into the controller: status, and the reason for the rest).
+    #[command(subcommand)]
+    LogServer(lifecycle::LogServerCmd),
+    /// Scale groups, slices and VMs as the controller reports them.
+    #[command(subcommand)]
+    Vm(cmd::vm::VmCmd),
+    /// Create an operator-managed slice from a scale group's template (cloud platforms only).
+    CreateSlice {
+        #[arg(long)]
+        scale_group: String,
+    },
+    /// Terminate an operator-managed slice (cloud platforms only).
+    DeleteSlice { slice_id: String },
 }
 
 #[derive(Subcommand)]
@@ -364,7 +421,17 @@ enum ControllerCmd {
     /// Serve a controller on a state dir.
     Serve(local::ServeArgs),
     /// Write a checkpoint of the controller DB to its remote state dir now.
-    Checkpoint,
+    Checkpoint {
+        /// Stop the controller after the checkpoint (it must run on this machine).
+        #[arg(long)]
+        stop: bool,
+        /// With --stop: the controller's state dir (default: the one --config/--cluster or the
+        /// default local cluster uses).
+        #[arg(long)]
+        state_dir: Option<std::path::PathBuf>,
+    },
+    /// Rolling restart of VM workers over SSH (not supported here; answers with the reason).
+    WorkerRestart(lifecycle::WorkerRestartArgs),
     /// Checkpoint the controller and record a rollout (`pending`) in the remote state dir.
     Restart(rollout::RestartArgs),
     /// Ask the next controller start to restore the rollout's checkpoint (`rollback_requested`).
@@ -424,12 +491,18 @@ fn raise_open_file_limit() {
 fn main() {
     let cli = Cli::parse();
     let filter = if cli.verbose { "info" } else { "warn" };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IRIS_LOG")
-                .unwrap_or_else(|_| filter.into()),
+    use tracing_subscriber::prelude::*;
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("IRIS_LOG")
+                        .unwrap_or_else(|_| filter.into()),
+                ),
         )
-        .with_writer(std::io::stderr)
+        // The daemons' recent lines (INFO and up, whatever stderr shows) for `iris process logs`.
+        .with(iris_rpc::proclog::layer())
         .try_init();
     raise_open_file_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -453,6 +526,7 @@ fn main() {
             1
         }
     };
+    tunnel::close();
     std::process::exit(code);
 }
 
@@ -468,25 +542,62 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     if let Cmd::Cluster(ClusterCmd::List) = cli.cmd {
         return Ok(cmd::cluster::list());
     }
+    if let Cmd::Build(b) = cli.cmd {
+        return Ok(lifecycle::build(b));
+    }
+    // Manual slices need only the config (they are refused before any controller is dialled).
+    if let Cmd::Cluster(ClusterCmd::CreateSlice { scale_group }) = &cli.cmd {
+        let (config, cluster) = (cli.config.as_deref(), cli.cluster.as_deref());
+        return cmd::vm::manual_slice("create-slice", Some(scale_group), config, cluster);
+    }
+    if let Cmd::Cluster(ClusterCmd::DeleteSlice { .. }) = &cli.cmd {
+        let (config, cluster) = (cli.config.as_deref(), cli.cluster.as_deref());
+        return cmd::vm::manual_slice("delete-slice", None, config, cluster);
+    }
+    if let Cmd::Cluster(ClusterCmd::Stop(a)) = &cli.cmd {
+        let dir = lifecycle::local_state_dir(
+            a.state_dir.as_deref(),
+            cli.config.as_deref(),
+            cli.cluster.as_deref(),
+        )?;
+        return lifecycle::stop(a, &dir, &cli.controller_url).await;
+    }
+    if let Cmd::Cluster(ClusterCmd::Restart { state_dir }) = &cli.cmd {
+        let dir = lifecycle::local_state_dir(
+            state_dir.as_deref(),
+            cli.config.as_deref(),
+            cli.cluster.as_deref(),
+        )?;
+        let stop = lifecycle::StopArgs {
+            dry_run: false,
+            no_dry_run: true,
+            state_dir: Some(dir.clone()),
+        };
+        lifecycle::stop(&stop, &dir, &None).await?;
+        let config = target::selected_config(cli.config.as_deref(), cli.cluster.as_deref())?
+            .map(|(path, _)| path);
+        return local::start(local::StartArgs::restart(config, state_dir.clone())).await;
+    }
     let url = target::explicit_url(
         cli.controller_url.clone(),
         cli.config.as_deref(),
         cli.cluster.as_deref(),
     )?;
     match cli.cmd {
-        Cmd::Cluster(c) => cmd::cluster::run(c, url).await,
+        Cmd::Cluster(c) => {
+            cmd::cluster::run(c, url, cli.config.as_deref(), cli.cluster.as_deref()).await
+        }
         Cmd::Worker(WorkerCmd::Serve(a)) => local::serve_worker(a, url).await,
         Cmd::Bench(b) => bench::run(b).await,
-        Cmd::Login { token } => keys::login(&token),
+        Cmd::Login { token, headless } => keys::login(token, headless),
+        Cmd::Build(b) => Ok(lifecycle::build(b)),
         Cmd::Job(j) => cmd::job::run(*j, url).await,
         Cmd::Task(t) => cmd::task::run(t, url).await,
         Cmd::Attempt(a) => cmd::attempt::run(a, url).await,
+        Cmd::Process(p) => cmd::process::run(p, url).await,
         Cmd::Query { sql, format } => cmd::query::run(sql, &format, url).await,
-        Cmd::Rpc {
-            target,
-            method,
-            json,
-        } => cmd::rpc::run(&target, &method, json, url).await,
+        Cmd::Rpc(r) => cmd::rpc::run(r, url).await,
+        Cmd::Actor(a) => cmd::actor::run(a, url).await,
         Cmd::User(u) => cmd::user::run(u, url).await,
         Cmd::Endpoints(e) => cmd::endpoints::run(e, url).await,
     }

@@ -26,6 +26,26 @@ pub struct RestartArgs {
     /// The image (or binary version) being rolled out; recorded in the rollout record.
     #[arg(long, default_value = "")]
     pub image: String,
+    /// Record the rollout without a pre-restart checkpoint (its rollback then has none to
+    /// restore: refused, since a rollout record needs one).
+    #[arg(long)]
+    pub skip_checkpoint: bool,
+    /// Seconds to wait for the checkpoint.
+    #[arg(long, default_value_t = 300)]
+    pub checkpoint_timeout: u64,
+    /// Revert the last deploy: the same as `cluster controller rollback` (the record's
+    /// checkpoint is restored at the next start).
+    #[arg(long)]
+    pub rollback: bool,
+    /// Accepted for the published CLI's scripts; this controller builds no images.
+    #[arg(long)]
+    pub image_platform: Option<String>,
+    /// Accepted for the published CLI's scripts; this controller builds no images.
+    #[arg(long, value_parser = ["fast", "release"])]
+    pub cargo_profile: Option<String>,
+    /// Record this image tag as the one rolled out (there is nothing to build or verify here).
+    #[arg(long)]
+    pub prebuilt_tag: Option<String>,
 }
 
 #[derive(Args)]
@@ -54,12 +74,19 @@ fn remote(flag: &Option<String>, cfg: &Option<PathBuf>) -> anyhow::Result<Remote
 }
 
 async fn begin(cl: &iris_rpc::Client) -> anyhow::Result<c::BeginCheckpointResponse> {
+    begin_within(cl, Duration::from_secs(600)).await
+}
+
+async fn begin_within(
+    cl: &iris_rpc::Client,
+    timeout: Duration,
+) -> anyhow::Result<c::BeginCheckpointResponse> {
     Ok(cl
         .call(
             "iris.cluster.ControllerService",
             "BeginCheckpoint",
             &c::BeginCheckpointRequest {},
-            Duration::from_secs(600),
+            timeout,
         )
         .await?)
 }
@@ -76,14 +103,29 @@ pub async fn checkpoint(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
 
 /// `iris cluster controller restart`.
 pub async fn restart(a: RestartArgs, url: &Option<String>) -> anyhow::Result<i32> {
+    if a.rollback {
+        return rollback(RollbackArgs {
+            remote_state_dir: a.remote_state_dir,
+            config: a.config,
+            checkpoint: None,
+        })
+        .await;
+    }
+    if a.skip_checkpoint {
+        bail!("--skip-checkpoint: a rollout is recorded with the checkpoint it rolls back to; without one there is nothing to roll back to. Restart the daemon yourself (stop `iris cluster controller serve` and start it again) if you want no checkpoint");
+    }
+    if a.image_platform.is_some() || a.cargo_profile.is_some() {
+        eprintln!("note: --image-platform and --cargo-profile have no effect: this controller builds no images");
+    }
+    let image = a.prebuilt_tag.clone().unwrap_or_else(|| a.image.clone());
     let store = remote(&a.remote_state_dir, &a.config)?;
     let previous = store.read_rollout().await?;
     let cl = crate::client::controller_client(url)?;
-    let r = begin(&cl).await?;
+    let r = begin_within(&cl, Duration::from_secs(a.checkpoint_timeout.max(1))).await?;
     let ms = r.created_at.map(|t| t.epoch_ms).unwrap_or_default();
     let rec = RolloutRecord {
         phase: RolloutPhase::Pending,
-        image: a.image.clone(),
+        image,
         previous_image: previous.map(|p| p.image).unwrap_or_default(),
         rollback_checkpoint: format!("{STATE_DIR}/{ms}"),
         updated_at_ms: 0,

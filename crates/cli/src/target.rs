@@ -6,7 +6,10 @@
 //! A config names its controller by `defaults.worker.controller_address`, or, for a local
 //! controller, by the fixed `controller.local.port`, or else by the address the local cluster
 //! started from that config recorded in its own state dir (`iris --config FILE cluster start
-//! --local`), so two local clusters from two configs are each reached by their config.
+//! --local`), so two local clusters from two configs are each reached by their config. A
+//! `controller.manual` config is reached at its host and port; a `controller.coreweave` one
+//! through a `kubectl port-forward` to its Service, opened for the command ([`crate::tunnel`]);
+//! GCP controllers need an SSH tunnel this build does not open (the error says how).
 
 use crate::config::{self, ClusterConfig};
 use anyhow::Context;
@@ -145,12 +148,50 @@ pub fn controller_url_of(cfg: &ClusterConfig, path: &Path) -> anyhow::Result<Str
             });
     }
     let kind = config::oneof_arm(&cfg.controller);
-    anyhow::bail!(
-        "{}: the controller is `{kind}` and the config has no defaults.worker.controller_address; \
-         this CLI does not open tunnels or port-forwards yet: open one yourself and pass \
-         --controller-url",
-        path.display()
-    )
+    let section = |key: &str| controller.and_then(|c| c.get(key));
+    let port_of = |v: Option<&serde_yaml::Value>| {
+        v.and_then(|m| m.get("port"))
+            .and_then(|p| p.as_u64())
+            .filter(|p| *p > 0 && *p <= u16::MAX as u64)
+            .unwrap_or(10000) as u16
+    };
+    match kind {
+        "manual" => {
+            let m = section("manual");
+            let host = m
+                .and_then(|m| m.get("host"))
+                .and_then(|h| h.as_str())
+                .filter(|h| !h.trim().is_empty())
+                .with_context(|| format!("{}: controller.manual.host is not set", path.display()))?;
+            Ok(format!("http://{host}:{}", port_of(m)))
+        }
+        "coreweave" => {
+            let cw = section("coreweave");
+            let platform = cfg.platform.as_ref().and_then(|p| p.get("coreweave"));
+            let text = |v: Option<&serde_yaml::Value>, key: &str| {
+                v.and_then(|m| m.get(key))
+                    .and_then(|s| s.as_str())
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+            };
+            let pf = crate::tunnel::PortForward {
+                kubeconfig: text(platform, "kubeconfig_path"),
+                context: text(platform, "kube_context"),
+                namespace: text(platform, "namespace").unwrap_or_else(|| "iris".into()),
+                service: text(cw, "service_name").unwrap_or_else(|| "iris-controller-svc".into()),
+                port: port_of(cw),
+            };
+            crate::tunnel::open(&pf, std::time::Duration::from_secs(90))
+        }
+        _ => anyhow::bail!(
+            "{}: the controller is `{kind}` and the config has no defaults.worker.controller_address; \
+             this build opens port-forwards to Kubernetes controllers (`controller: coreweave`) but no \
+             SSH tunnels to GCP VMs: open one yourself (gcloud compute ssh VM -- -L PORT:localhost:10000) \
+             and pass --controller-url http://127.0.0.1:PORT",
+            path.display()
+        ),
+    }
 }
 
 /// The config a command was pointed at (`--config`, else `--cluster`), loaded.

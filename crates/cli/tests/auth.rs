@@ -1115,3 +1115,76 @@ fn endpoints_are_reached_through_the_proxy_only_by_who_may() {
     let (code, _) = curl(&[&cap]);
     assert_eq!(code, 404);
 }
+
+#[test]
+fn exec_and_profiles_of_a_task_are_for_its_owner_and_admins() {
+    let env = Env::start("");
+    let alice = env.user("alice", "user");
+    let bob = env.user("bob", "user");
+    let root = env.user("root", "admin");
+    let (ok, out, err) = env.iris(
+        Some(&alice),
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--user",
+            "alice",
+            "--job-name",
+            "ex",
+            "-e",
+            "EXEC_VAR",
+            "from-alice",
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "/alice/ex");
+    // The owner runs a command in the task's environment once it runs.
+    let out = common::wait_for(Duration::from_secs(60), "exec in the running task", || {
+        let (ok, out, _) = env.iris(
+            Some(&alice),
+            &[
+                "task",
+                "exec",
+                "/alice/ex/0",
+                "--",
+                "sh",
+                "-c",
+                "echo $EXEC_VAR",
+            ],
+        );
+        ok.then_some(out)
+    });
+    assert_eq!(out.trim(), "from-alice");
+    // An admin may too.
+    let (ok, out, err) = env.iris(Some(&root), &["task", "exec", "/alice/ex/0", "--", "true"]);
+    assert!(ok, "{out}{err}");
+
+    // Another user is refused, the same way for a task that does not exist.
+    for task in ["/alice/ex/0", "/alice/nothing/0"] {
+        let (ok, out, err) = env.iris(Some(&bob), &["task", "exec", task, "--", "true"]);
+        assert!(
+            !ok && err.contains("permission_denied"),
+            "{task}: {out}{err}"
+        );
+        assert!(err.contains("owner or an admin"), "{err}");
+        let (ok, _, err) = env.iris(Some(&bob), &["task", "profile", task, "threads"]);
+        assert!(!ok && err.contains("permission_denied"), "{task}: {err}");
+        let (ok, _, err) = env.iris(Some(&bob), &["process", "status", "-t", task]);
+        assert!(!ok && err.contains("permission_denied"), "{task}: {err}");
+    }
+    // Without a token nothing gets through.
+    let (ok, _, err) = env.iris(None, &["task", "exec", "/alice/ex/0", "--", "true"]);
+    assert!(!ok && err.contains("unauthenticated"), "{err}");
+
+    // The owner's thread dump of a non-Python task falls back to /proc.
+    let (ok, out, err) = env.iris(Some(&alice), &["task", "profile", "/alice/ex/0", "threads"]);
+    assert!(ok && out.contains("(sleep)"), "{out}{err}");
+
+    let (ok, _, err) = env.iris(Some(&alice), &["job", "cancel", "/alice/ex"]);
+    assert!(ok, "{err}");
+}

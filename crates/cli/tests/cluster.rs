@@ -990,7 +990,13 @@ fn preemption_interactive_evicts_batch_which_then_reruns() {
     let gp = go.to_str().expect("utf8 path");
     c.submit(
         "batch",
-        &["--gpu", "H100x8", "--priority", "batch"],
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "H100x8",
+            "--priority",
+            "batch",
+        ],
         &[
             "sh",
             "-c",
@@ -1001,7 +1007,14 @@ fn preemption_interactive_evicts_batch_which_then_reruns() {
 
     c.submit(
         "inter",
-        &["--gpu", "H100x8", "-e", "GO", gp],
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "H100x8",
+            "-e",
+            "GO",
+            gp,
+        ],
         &["sh", "-c", &wait_go("echo interactive-done")],
     );
     c.wait_tasks("/u/inter", &[(0, "running")]);
@@ -1080,15 +1093,32 @@ fn preemption_never_within_a_band_and_never_by_batch() {
     let gp = go.to_str().expect("utf8 path");
     c.submit(
         "a",
-        &["--gpu", "H100x8", "-e", "GO", gp],
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "H100x8",
+            "-e",
+            "GO",
+            gp,
+        ],
         &["sh", "-c", &wait_go("echo a-done")],
     );
     c.wait_tasks("/u/a", &[(0, "running")]);
 
-    c.submit("b", &["--gpu", "H100x8"], &["echo", "b-done"]);
+    c.submit(
+        "b",
+        &["--enable-extra-resources", "--gpu", "H100x8"],
+        &["echo", "b-done"],
+    );
     c.submit(
         "c",
-        &["--gpu", "H100x8", "--priority", "batch"],
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "H100x8",
+            "--priority",
+            "batch",
+        ],
         &["echo", "c-done"],
     );
     // Once the scheduler has explained why b and c wait, it has planned them without preempting.
@@ -1362,10 +1392,25 @@ fn bad_input_is_refused_with_the_field_named_and_changes_nothing() {
             &["is unschedulable", "failed_precondition"],
         ),
         (
-            vec!["--job-name", "x", "--gpu", "H100x8"],
+            vec![
+                "--job-name",
+                "x",
+                "--enable-extra-resources",
+                "--gpu",
+                "H100x8",
+            ],
             &["is unschedulable", "failed_precondition"],
         ),
-        (vec!["--job-name", "x", "--gpu", "H100xlots"], &["gpu"]),
+        (
+            vec![
+                "--job-name",
+                "x",
+                "--enable-extra-resources",
+                "--gpu",
+                "H100xlots",
+            ],
+            &["gpu"],
+        ),
     ];
     for (flags, needles) in &cases {
         let o = run(flags);

@@ -389,9 +389,17 @@ async fn dashboard_in_a_real_browser() {
         .await
         .expect("marker");
     let (gpu, queued) = blocking(|| {
-        let gpu = tc.submit("gpu", &["--gpu", "H100x8"], &["sleep", "300"]);
+        let gpu = tc.submit(
+            "gpu",
+            &["--enable-extra-resources", "--gpu", "H100x8"],
+            &["sleep", "300"],
+        );
         tc.wait_job(&gpu, "running");
-        let queued = tc.submit("gpu-queued", &["--gpu", "H100x8"], &["sleep", "300"]);
+        let queued = tc.submit(
+            "gpu-queued",
+            &["--enable-extra-resources", "--gpu", "H100x8"],
+            &["sleep", "300"],
+        );
         (gpu, queued)
     });
     wait_js(

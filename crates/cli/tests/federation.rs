@@ -167,10 +167,15 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     let h100 = run(
         &hub,
         "h100",
-        &["--gpu", "H100x8"],
+        &["--enable-extra-resources", "--gpu", "H100x8"],
         &["sh", "-c", "echo rank0 train/loss 1.5; sleep 0.3"],
     );
-    let gb200 = run(&hub, "gb200", &["--gpu", "GB200x4"], &["true"]);
+    let gb200 = run(
+        &hub,
+        "gb200",
+        &["--enable-extra-resources", "--gpu", "GB200x4"],
+        &["true"],
+    );
     wait_state(&hub, &h100, "succeeded");
     wait_state(&hub, &gb200, "succeeded");
     assert_eq!(hub.job_status(&h100)["cluster"], "cw-a");
@@ -216,6 +221,7 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
         "--no-wait",
         "--job-name",
         "mars",
+        "--enable-extra-resources",
         "--gpu",
         "H100x8",
         "--region",
@@ -268,7 +274,12 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
 
     // Refusals end KILLED with the peer's reason: a submitter cw-a does not admit…
     hub.set_cli_token(Some(user_token(&hub_key, "bob")));
-    let bobs = run(&hub, "bobs", &["--gpu", "H100x8"], &["true"]);
+    let bobs = run(
+        &hub,
+        "bobs",
+        &["--enable-extra-resources", "--gpu", "H100x8"],
+        &["true"],
+    );
     let v = wait_state(&hub, &bobs, "killed");
     let err = hub.job_status(&bobs)["error"]
         .as_str()
@@ -311,7 +322,12 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     assert_eq!(c.job_state(&unknown), None);
 
     // Cancel on the hub reaches the peer.
-    let long = run(&hub, "long", &["--gpu", "H100x8"], &["sleep", "300"]);
+    let long = run(
+        &hub,
+        "long",
+        &["--enable-extra-resources", "--gpu", "H100x8"],
+        &["sleep", "300"],
+    );
     wait_state(&hub, &long, "running");
     wait_for(LONG, "cw-a to run it", || {
         (a.job_state(&long).as_deref() == Some("running")).then_some(())
@@ -324,7 +340,12 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
 
     // A running job on cw-a survives its controller's crash; while cw-a is down the hub shows
     // it unreachable and queues a pinned job with the unreachable reason.
-    let survivor = run(&hub, "survivor", &["--gpu", "H100x8"], &["sleep", "4"]);
+    let survivor = run(
+        &hub,
+        "survivor",
+        &["--enable-extra-resources", "--gpu", "H100x8"],
+        &["sleep", "4"],
+    );
     wait_state(&hub, &survivor, "running");
     a.kill_controller();
     wait_reachable(&hub, "cw-a", false);
@@ -376,7 +397,13 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
             run(
                 &a,
                 &format!("fill-{i}"),
-                &["--gpu", "H100x8", "--priority", "batch"],
+                &[
+                    "--enable-extra-resources",
+                    "--gpu",
+                    "H100x8",
+                    "--priority",
+                    "batch",
+                ],
                 &["sleep", "300"],
             )
         })
@@ -406,7 +433,13 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
     let waits = run(
         &hub,
         "batch-waits",
-        &["--gpu", "H100x8", "--priority", "batch"],
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "H100x8",
+            "--priority",
+            "batch",
+        ],
         &["true"],
     );
     wait_until(LONG, "the queued reason", || {
@@ -414,7 +447,12 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
             == "Queued for a federation peer to report free capacity"
     });
     // An INTERACTIVE job is promoted against the reclaimable BATCH holdings and cw-a preempts.
-    let urgent = run(&hub, "urgent", &["--gpu", "H100x8"], &["sleep", "0.5"]);
+    let urgent = run(
+        &hub,
+        "urgent",
+        &["--enable-extra-resources", "--gpu", "H100x8"],
+        &["sleep", "0.5"],
+    );
     wait_state(&hub, &urgent, "succeeded");
     let preempted = fill
         .iter()
@@ -445,7 +483,13 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
     let marker = run(
         &hub,
         "after-cancel",
-        &["--gpu", "H100x8", "--priority", "batch"],
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "H100x8",
+            "--priority",
+            "batch",
+        ],
         &["true"],
     );
     wait_state(&hub, &marker, "succeeded");
@@ -463,7 +507,7 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
             run(
                 &hub,
                 &format!("burst-{i}"),
-                &["--gpu", "H100x8"],
+                &["--enable-extra-resources", "--gpu", "H100x8"],
                 &["sleep", "0.2"],
             )
         })
@@ -522,7 +566,12 @@ fn a_hub_lists_and_proxies_the_endpoints_of_jobs_on_a_peer() {
         common::SERVE_SITE_SH,
         common::register_endpoint_sh("$JOB/web", "127.0.0.1:$(cat port)", "")
     );
-    let job = run(&hub, "served", &["--gpu", "H100x8"], &["sh", "-c", &script]);
+    let job = run(
+        &hub,
+        "served",
+        &["--enable-extra-resources", "--gpu", "H100x8"],
+        &["sh", "-c", &script],
+    );
     let name = format!("{job}/web");
     wait_for(LONG, "the hub to list the peer's endpoint", || {
         let o = hub.iris(&["endpoints", "list", &name, "--exact"]);

@@ -131,10 +131,15 @@ fn pods_kueue_and_lifecycle() {
 
     // A CPU job, a 1-GPU job and an 8-replica H100 gang run to success through Kueue.
     let cpu = env.run("cpu", &[], &["sh", "-c", "echo hello-from-a-pod"]);
-    let one = env.run("one-gpu", &["--gpu", "H100x1"], &["true"]);
+    let one = env.run(
+        "one-gpu",
+        &["--enable-extra-resources", "--gpu", "H100x1"],
+        &["true"],
+    );
     let gang = env.run(
         "gang",
         &[
+            "--enable-extra-resources",
             "--gpu",
             "H100x2",
             "--replicas",
@@ -180,6 +185,7 @@ fn pods_kueue_and_lifecycle() {
     let batch = env.run(
         "batch",
         &[
+            "--enable-extra-resources",
             "--gpu",
             "H100x2",
             "--replicas",
@@ -195,6 +201,7 @@ fn pods_kueue_and_lifecycle() {
     let held = env.run(
         "held",
         &[
+            "--enable-extra-resources",
             "--gpu",
             "H100x2",
             "--replicas",
@@ -233,6 +240,7 @@ fn pods_kueue_and_lifecycle() {
     let urgent = env.run(
         "urgent",
         &[
+            "--enable-extra-resources",
             "--gpu",
             "H100x2",
             "--replicas",
@@ -335,6 +343,7 @@ fn pods_kueue_and_lifecycle() {
         "--no-bundle",
         "--job-name",
         "routed",
+        "--enable-extra-resources",
         "--gpu",
         "H100x1",
         "--",

@@ -8,11 +8,6 @@ use iris_store::budgets::{self, UserCounts};
 use iris_types::{Band, JobState, TaskState};
 use std::collections::BTreeMap;
 
-/// Budget limit of a user without a `user_budgets` row (0 would mean unlimited).
-pub(crate) const DEFAULT_BUDGET_LIMIT: i64 = 1000;
-/// Highest band a user without a `user_budgets` row may submit to.
-pub(crate) const DEFAULT_MAX_BAND: Band = Band::Interactive;
-
 /// The band work of `band` runs at for a user who has spent `spent` of `limit`: SYSTEM and
 /// PRODUCTION never change; anything else drops to BATCH once spend exceeds a non-zero limit.
 pub(crate) fn effective_band(band: Band, spent: i64, limit: i64) -> Band {
@@ -23,19 +18,53 @@ pub(crate) fn effective_band(band: Band, spent: i64, limit: i64) -> Band {
     }
 }
 
-/// [`effective_band`] for `user` given everyone's spend and budget limits (default limit when
-/// the user has none).
+/// [`effective_band`] for `user` given everyone's spend and budget limits (`default_limit`
+/// when the user has none).
 pub(crate) fn effective_band_of(
     band: Band,
     user: &str,
     spend: &std::collections::BTreeMap<String, i64>,
     limits: &std::collections::BTreeMap<String, i64>,
+    default_limit: i64,
 ) -> Band {
     effective_band(
         band,
         spend.get(user).copied().unwrap_or(0),
-        limits.get(user).copied().unwrap_or(DEFAULT_BUDGET_LIMIT),
+        limits.get(user).copied().unwrap_or(default_limit),
     )
+}
+
+/// Writes the config's `user_budgets` tiers (in order, so a later tier wins for a user listed
+/// twice), in one transaction: a bad tier changes nothing.
+pub(crate) fn apply_budget_tiers(
+    db: &mut iris_store::Db,
+    tiers: &[crate::BudgetTier],
+) -> anyhow::Result<usize> {
+    if tiers.is_empty() {
+        return Ok(0);
+    }
+    let now = iris_store::now_ms();
+    let tx = db.begin()?;
+    let mut n = 0;
+    for (i, t) in tiers.iter().enumerate() {
+        for user in &t.user_ids {
+            if user.trim().is_empty() {
+                anyhow::bail!("user_budgets[{i}].user_ids: an entry is empty; name a user");
+            }
+            budgets::set(
+                &tx,
+                &budgets::Budget {
+                    user_id: user.trim().to_string(),
+                    limit: t.limit,
+                    max_band: t.max_band.code(),
+                },
+                now,
+            )?;
+            n += 1;
+        }
+    }
+    tx.commit()?;
+    Ok(n)
 }
 
 /// Job states a user summary always lists (with 0 when absent).
@@ -143,7 +172,8 @@ impl Controller {
             .iter()
             .map(|b| (b.user_id.as_str(), b.limit))
             .collect();
-        let limit_of = |u: &str| limits.get(u).copied().unwrap_or(DEFAULT_BUDGET_LIMIT);
+        let defaults = self.cfg.budget_defaults;
+        let limit_of = |u: &str| limits.get(u).copied().unwrap_or(defaults.limit);
         let spent_of = |u: &str| spend.get(u).copied().unwrap_or(0);
         let band_of = |code: i32| Band::from_code(code).unwrap_or(Band::Interactive);
 
@@ -170,7 +200,7 @@ impl Controller {
             spend
                 .keys()
                 .filter(|u| !limits.contains_key(u.as_str()))
-                .map(|u| (u.clone(), DEFAULT_BUDGET_LIMIT, DEFAULT_MAX_BAND.code())),
+                .map(|u| (u.clone(), defaults.limit, defaults.max_band.code())),
         );
         let user_budgets = rows
             .into_iter()

@@ -298,6 +298,7 @@ impl Controller {
                 (Err(e), _) => Err(Error::Rejected(e.clone())),
                 (Ok(()), Ok((resp, spec))) => {
                     any = true;
+                    tracing::info!(job = %resp.job_id, "job accepted");
                     if let Some((replaced, job_id, spec)) = spec {
                         if replaced {
                             self.forget_spec(&job_id);
@@ -360,7 +361,7 @@ impl Controller {
         {
             let max_band = iris_store::budgets::get(tx, &user)?
                 .and_then(|b| Band::from_code(b.max_band))
-                .unwrap_or(Band::Interactive);
+                .unwrap_or(self.cfg.budget_defaults.max_band);
             if band.outranks(max_band) {
                 return Err(Error::new(
                     Code::PermissionDenied,
@@ -575,11 +576,14 @@ impl Controller {
             return Ok(());
         }
         // Every constraint was validated in `launch_job`; this list includes the automatic
-        // device-type/device-variant ones added after that.
+        // device-type/device-variant ones added after that. Availability markers
+        // (`--reserve`) are left out: they depend on which accelerators are up right now, and a
+        // job asking for one waits until it can be found rather than being refused.
         let all: Vec<_> = req
             .constraints
             .iter()
             .filter_map(|pc| constraint_from_proto(pc).ok())
+            .filter(|c| !c.key.starts_with(iris_types::AVAILABILITY_PREFIX))
             .collect();
         let res = crate::spec::resources_of(req.resources.as_ref());
         let group_by = req.coscheduling.as_ref().map(|c| c.group_by.as_str());

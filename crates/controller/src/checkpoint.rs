@@ -2,22 +2,34 @@
 //!
 //! A checkpoint is a consistent online copy of `controller.sqlite3` (`VACUUM INTO` from a read
 //! connection, so the writer is never blocked), switched to DELETE journal mode, compressed with
-//! zstd level 3 and stored at `<remote_state_dir>/controller-state/<epoch_ms>/controller.sqlite3.zst`.
-//! `remote_state_dir` is a local path or a `file://`, `s3://` or `gs://` URL (`object_store`).
-//! The log store (`logs.sqlite3`) is not part of a checkpoint: it stays in the local state dir.
+//! zstd level 3 (with zstd's content checksum) and stored at
+//! `<remote_state_dir>/controller-state/<epoch_ms>/controller.sqlite3.zst`, followed by a
+//! [`Manifest`] (`manifest.json`: the data object's size and SHA-256, and the row counts).
+//! `remote_state_dir` is a local path or a `file://`, `s3://` or `gs://` URL (`object_store`;
+//! the environment conventions are in `checkpoint_remote.rs`). The log store (`logs.sqlite3`) is
+//! not part of a checkpoint: it stays in the local state dir.
+//!
+//! Each object is one `PUT`, so it is wholly there or absent; the manifest goes last, so a
+//! directory without one is an upload that did not complete. A checkpoint that fails is removed
+//! (best effort), logged, and kept in [`Health`] for `GetCheckpointStatus`; the controller keeps
+//! serving and the previous checkpoint stays the newest complete one.
 //!
 //! On start, before the DB is opened: a rollout record in `rollback_requested` restores its
 //! checkpoint once (then reads `rolled_back`); otherwise, when `controller.sqlite3` is absent,
-//! the newest checkpoint (or the one named by `restore_checkpoint`) is restored. A restored DB
-//! must pass `PRAGMA quick_check` before it replaces anything.
+//! the newest usable checkpoint (or the one named by `restore_checkpoint`) is restored. A
+//! checkpoint is usable when its data matches its manifest (if it has one), decompresses with a
+//! valid zstd checksum and passes `quick_check`; an unusable newest one is skipped, with a
+//! message naming it and the one restored instead. A named checkpoint is never substituted.
+
+#[path = "checkpoint_remote.rs"]
+mod remote;
+pub use remote::{RemoteStore, MAX_RETRIES, RETRY_TIMEOUT};
 
 use crate::ControllerConfig;
 use anyhow::{bail, Context};
-use futures::TryStreamExt;
 use iris_proto::cluster::controller as c;
-use object_store::path::Path as ObjPath;
-use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +40,8 @@ pub const STATE_DIR: &str = "controller-state";
 pub const DB_OBJECT: &str = "controller.sqlite3.zst";
 /// The uncompressed form, accepted on restore.
 pub const DB_OBJECT_RAW: &str = "controller.sqlite3";
+/// Written after the data object; describes it.
+pub const MANIFEST: &str = "manifest.json";
 /// The rollout record, at the root of the remote state dir.
 pub const ROLLOUT_RECORD: &str = "rollout-record.json";
 /// `meta` key stamped after a checkpoint is stored (and after a restore).
@@ -35,174 +49,28 @@ pub use iris_store::checkpoint::META_KEY;
 /// Default age after which checkpoint directories are pruned.
 pub const DEFAULT_MAX_AGE: Duration = Duration::from_secs(3 * 24 * 3600);
 
-/// A remote state dir: an object store plus the prefix inside it.
-#[derive(Clone)]
-pub struct RemoteStore {
-    store: Arc<dyn ObjectStore>,
-    prefix: ObjPath,
-    /// The location as configured (for messages and `checkpoint_path`).
-    display: String,
+/// `<checkpoint dir>/manifest.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The data object's name inside the directory.
+    pub object: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its SHA-256, lower-case hex.
+    pub sha256: String,
+    /// The uncompressed DB's size in bytes.
+    pub db_bytes: u64,
+    pub jobs: i32,
+    pub tasks: i32,
+    pub workers: i32,
+    pub created_at_ms: i64,
 }
 
-impl std::fmt::Debug for RemoteStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RemoteStore({})", self.display)
-    }
-}
-
-impl RemoteStore {
-    /// Parses a local path or a `file://`, `s3://` or `gs://` URL. Local directories are created.
-    /// Cloud stores take their credentials and region from the usual environment variables.
-    pub fn parse(spec: &str) -> anyhow::Result<RemoteStore> {
-        let spec = spec.trim();
-        if spec.is_empty() {
-            bail!("remote_state_dir is empty");
-        }
-        let display = spec.trim_end_matches('/').to_string();
-        if !spec.contains("://") {
-            return Self::local(Path::new(spec), display);
-        }
-        let url = url::Url::parse(spec)
-            .with_context(|| format!("remote_state_dir {spec:?} is not a valid URL"))?;
-        let prefix = ObjPath::from_url_path(url.path())
-            .with_context(|| format!("remote_state_dir {spec:?}: invalid path"))?;
-        let store: Arc<dyn ObjectStore> = match url.scheme() {
-            "file" => {
-                let p = url.to_file_path().map_err(|_| {
-                    anyhow::anyhow!("remote_state_dir {spec:?}: not a local file URL")
-                })?;
-                return Self::local(&p, display);
-            }
-            "s3" | "s3a" => Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
-                    .with_url(spec)
-                    .build()
-                    .with_context(|| format!("remote_state_dir {spec:?}: configuring S3"))?,
-            ),
-            "gs" => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_url(spec)
-                    .build()
-                    .with_context(|| format!("remote_state_dir {spec:?}: configuring GCS"))?,
-            ),
-            other => bail!(
-                "remote_state_dir {spec:?}: unsupported scheme {other:?} (use a local path, file://, s3:// or gs://)"
-            ),
-        };
-        Ok(RemoteStore {
-            store,
-            prefix,
-            display,
-        })
-    }
-
-    fn local(dir: &Path, display: String) -> anyhow::Result<RemoteStore> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating remote state dir {}", dir.display()))?;
-        let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
-            .with_context(|| format!("opening remote state dir {}", dir.display()))?
-            .with_automatic_cleanup(true);
-        Ok(RemoteStore {
-            store: Arc::new(fs),
-            prefix: ObjPath::default(),
-            display,
-        })
-    }
-
-    /// The configured location.
-    pub fn location(&self) -> &str {
-        &self.display
-    }
-
-    fn path(&self, rel: &str) -> ObjPath {
-        rel.split('/')
-            .filter(|p| !p.is_empty())
-            .fold(self.prefix.clone(), |p, part| p.child(part))
-    }
-
-    async fn put(&self, rel: &str, data: Vec<u8>) -> anyhow::Result<()> {
-        self.store
-            .put(&self.path(rel), data.into())
-            .await
-            .with_context(|| format!("writing {}/{rel}", self.display))?;
-        Ok(())
-    }
-
-    async fn get(&self, rel: &str) -> anyhow::Result<Option<Vec<u8>>> {
-        match self.store.get(&self.path(rel)).await {
-            Ok(r) => Ok(Some(
-                r.bytes()
-                    .await
-                    .with_context(|| format!("reading {}/{rel}", self.display))?
-                    .to_vec(),
-            )),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("reading {}/{rel}", self.display)),
-        }
-    }
-
-    /// Epoch-ms names of the checkpoint directories, ascending.
-    pub async fn checkpoints(&self) -> anyhow::Result<Vec<i64>> {
-        let dir = self.path(STATE_DIR);
-        let listed = match self.store.list_with_delimiter(Some(&dir)).await {
-            Ok(l) => l,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Vec::new()),
-            Err(e) => {
-                return Err(e).with_context(|| format!("listing {}/{STATE_DIR}", self.display))
-            }
-        };
-        let mut out: Vec<i64> = listed
-            .common_prefixes
-            .iter()
-            .filter_map(|p| p.filename().and_then(|n| n.parse().ok()))
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        Ok(out)
-    }
-
-    async fn delete_dir(&self, rel: &str) -> anyhow::Result<()> {
-        let dir = self.path(rel);
-        let objects: Vec<object_store::ObjectMeta> = self
-            .store
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .with_context(|| format!("listing {}/{rel}", self.display))?;
-        for o in objects {
-            match self.store.delete(&o.location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(e).with_context(|| format!("deleting {}", o.location)),
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads the rollout record, if any.
-    pub async fn read_rollout(&self) -> anyhow::Result<Option<RolloutRecord>> {
-        match self.get(ROLLOUT_RECORD).await? {
-            None => Ok(None),
-            Some(b) => serde_json::from_slice(&b).map(Some).with_context(|| {
-                format!(
-                    "{}/{ROLLOUT_RECORD} is not a valid rollout record",
-                    self.display
-                )
-            }),
-        }
-    }
-
-    /// Writes the rollout record (stamping `updated_at_ms`).
-    pub async fn write_rollout(&self, rec: &RolloutRecord) -> anyhow::Result<()> {
-        let mut rec = rec.clone();
-        rec.updated_at_ms = iris_store::now_ms();
-        let text = serde_json::to_vec_pretty(&rec)?;
-        self.put(ROLLOUT_RECORD, text).await
-    }
-
-    /// `<location>/controller-state/<epoch_ms>`.
-    pub fn checkpoint_location(&self, epoch_ms: i64) -> String {
-        format!("{}/{STATE_DIR}/{epoch_ms}", self.display)
-    }
+/// The last checkpoint attempt's failure, for `GetCheckpointStatus`.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// When it failed, and why.
+    pub last_error: Option<(i64, String)>,
 }
 
 /// Phase of a controller rollout.
@@ -246,8 +114,9 @@ pub fn parse_checkpoint_name(name: &str) -> anyhow::Result<i64> {
     })
 }
 
-/// Takes a consistent copy of the DB at `db_path` into memory, ready for upload, with row counts.
-fn snapshot_db(db_path: &Path, tmp: &Path) -> anyhow::Result<(Vec<u8>, [i32; 3])> {
+/// Takes a consistent copy of the DB at `db_path` into memory, compressed, with the uncompressed
+/// size and the row counts.
+fn snapshot_db(db_path: &Path, tmp: &Path) -> anyhow::Result<(Vec<u8>, u64, [i32; 3])> {
     let _ = std::fs::remove_file(tmp);
     let counts = iris_store::checkpoint::copy_to(db_path, tmp).with_context(|| {
         format!(
@@ -257,12 +126,27 @@ fn snapshot_db(db_path: &Path, tmp: &Path) -> anyhow::Result<(Vec<u8>, [i32; 3])
     })?;
     let raw = std::fs::read(tmp)?;
     let _ = std::fs::remove_file(tmp);
-    let zst = zstd::encode_all(raw.as_slice(), 3).context("compressing the checkpoint")?;
-    Ok((zst, counts))
+    let zst = compress(&raw).context("compressing the checkpoint")?;
+    Ok((zst, raw.len() as u64, counts))
 }
 
-/// Takes a checkpoint of the state dir's DB into `remote`, then prunes directories older than
-/// `max_age` (never the newest). Returns the epoch-ms name and the row counts.
+/// zstd level 3 with the content checksum and size in the frame header.
+fn compress(raw: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut enc = zstd::stream::Encoder::new(Vec::with_capacity(raw.len() / 4), 3)?;
+    enc.include_checksum(true)?;
+    enc.include_contentsize(true)?;
+    enc.set_pledged_src_size(Some(raw.len() as u64))?;
+    std::io::Write::write_all(&mut enc, raw)?;
+    enc.finish()
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+/// Takes a checkpoint of the state dir's DB into `remote` (data object, then manifest), then
+/// prunes directories older than `max_age` (never the newest). Returns the epoch-ms name and the
+/// row counts. A checkpoint that cannot be completed is removed again (best effort).
 pub async fn take(
     state_dir: &Path,
     remote: &RemoteStore,
@@ -275,13 +159,44 @@ pub async fn take(
     };
     let db_path = state_dir.join("controller.sqlite3");
     let tmp = state_dir.join(format!("checkpoint-{epoch_ms}.tmp"));
-    let (zst, counts) = tokio::task::spawn_blocking(move || snapshot_db(&db_path, &tmp))
+    let (zst, db_bytes, counts) = tokio::task::spawn_blocking(move || snapshot_db(&db_path, &tmp))
         .await
         .context("checkpoint thread")??;
-    remote
-        .put(&format!("{STATE_DIR}/{epoch_ms}/{DB_OBJECT}"), zst)
-        .await?;
-    prune(remote, max_age, epoch_ms).await?;
+    let manifest = Manifest {
+        object: DB_OBJECT.into(),
+        size: zst.len() as u64,
+        sha256: sha256_hex(&zst),
+        db_bytes,
+        jobs: counts[0],
+        tasks: counts[1],
+        workers: counts[2],
+        created_at_ms: epoch_ms,
+    };
+    let dir = format!("{STATE_DIR}/{epoch_ms}");
+    let written = async {
+        remote.put(&format!("{dir}/{DB_OBJECT}"), zst).await?;
+        remote
+            .put(
+                &format!("{dir}/{MANIFEST}"),
+                serde_json::to_vec_pretty(&manifest)?,
+            )
+            .await
+    }
+    .await;
+    if let Err(e) = written {
+        if let Err(d) = remote.delete_dir(&dir).await {
+            tracing::warn!(checkpoint = %remote.checkpoint_location(epoch_ms), error = %format!("{d:#}"),
+                "could not remove the incomplete checkpoint; restores skip it (it has no manifest)");
+        }
+        return Err(e.context(format!(
+            "checkpoint {} was not completed",
+            remote.checkpoint_location(epoch_ms)
+        )));
+    }
+    if let Err(e) = prune(remote, max_age, epoch_ms).await {
+        // The checkpoint itself is complete; the next one prunes again.
+        tracing::warn!(error = %format!("{e:#}"), "pruning old checkpoints failed");
+    }
     Ok((epoch_ms, counts))
 }
 
@@ -296,27 +211,88 @@ async fn prune(remote: &RemoteStore, max_age: Duration, keep: i64) -> anyhow::Re
     Ok(())
 }
 
-/// Downloads checkpoint `epoch_ms`, checks it, and installs it as the state dir's DB (replacing
-/// any DB and WAL there). The previous DB files are removed only after the copy passed
-/// `PRAGMA quick_check`.
-pub async fn restore(state_dir: &Path, remote: &RemoteStore, epoch_ms: i64) -> anyhow::Result<()> {
-    let dir = format!("{STATE_DIR}/{epoch_ms}");
-    let bytes = match remote.get(&format!("{dir}/{DB_OBJECT}")).await? {
-        Some(z) => zstd::decode_all(z.as_slice()).with_context(|| {
-            format!(
-                "checkpoint {}: corrupt zstd data",
+/// Reads a checkpoint's manifest, if it has one.
+pub async fn read_manifest(
+    remote: &RemoteStore,
+    epoch_ms: i64,
+) -> anyhow::Result<Option<Manifest>> {
+    let rel = format!("{STATE_DIR}/{epoch_ms}/{MANIFEST}");
+    match remote.get(&rel).await? {
+        None => Ok(None),
+        Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+            anyhow::anyhow!(
+                "{}/{MANIFEST} is not a valid manifest: {e}",
                 remote.checkpoint_location(epoch_ms)
             )
-        })?,
-        None => remote
-            .get(&format!("{dir}/{DB_OBJECT_RAW}"))
-            .await?
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "checkpoint {} not found (no {DB_OBJECT} or {DB_OBJECT_RAW})",
-                    remote.checkpoint_location(epoch_ms)
-                )
-            })?,
+        }),
+    }
+}
+
+/// Why a checkpoint cannot be restored (as opposed to an error reaching the store).
+type Unusable = String;
+
+/// Downloads checkpoint `epoch_ms` and checks it against its manifest and zstd's checksum.
+/// The outer error is the store's; the inner one says why the checkpoint is unusable.
+async fn fetch(remote: &RemoteStore, epoch_ms: i64) -> anyhow::Result<Result<Vec<u8>, Unusable>> {
+    let dir = format!("{STATE_DIR}/{epoch_ms}");
+    let manifest: Option<Manifest> = match remote.get(&format!("{dir}/{MANIFEST}")).await? {
+        None => None,
+        Some(b) => match serde_json::from_slice(&b) {
+            Ok(m) => Some(m),
+            Err(e) => return Ok(Err(format!("its {MANIFEST} is not valid: {e}"))),
+        },
+    };
+    let object = manifest.as_ref().map_or(DB_OBJECT, |m| m.object.as_str());
+    let Some(data) = remote.get(&format!("{dir}/{object}")).await? else {
+        if manifest.is_none() {
+            if let Some(raw) = remote.get(&format!("{dir}/{DB_OBJECT_RAW}")).await? {
+                return Ok(Ok(raw));
+            }
+        }
+        return Ok(Err(format!(
+            "it has no {object} (an upload that did not complete)"
+        )));
+    };
+    if let Some(m) = &manifest {
+        if data.len() as u64 != m.size {
+            return Ok(Err(format!(
+                "{object} is truncated or damaged: {} bytes, its manifest says {}",
+                data.len(),
+                m.size
+            )));
+        }
+        if sha256_hex(&data) != m.sha256 {
+            return Ok(Err(format!(
+                "{object} does not match the SHA-256 in its manifest"
+            )));
+        }
+    }
+    if !object.ends_with(".zst") {
+        return Ok(Ok(data));
+    }
+    Ok(zstd::decode_all(data.as_slice())
+        .map_err(|e| format!("{object} is not valid zstd data (truncated or corrupt): {e}")))
+}
+
+/// Downloads checkpoint `epoch_ms`, checks it, and installs it as the state dir's DB (replacing
+/// any DB and WAL there). The previous DB files are removed only after the copy passed
+/// `quick_check`.
+pub async fn restore(state_dir: &Path, remote: &RemoteStore, epoch_ms: i64) -> anyhow::Result<()> {
+    let location = remote.checkpoint_location(epoch_ms);
+    match try_restore(state_dir, remote, epoch_ms).await? {
+        Ok(()) => Ok(()),
+        Err(why) => bail!("checkpoint {location} cannot be restored: {why}"),
+    }
+}
+
+async fn try_restore(
+    state_dir: &Path,
+    remote: &RemoteStore,
+    epoch_ms: i64,
+) -> anyhow::Result<Result<(), Unusable>> {
+    let bytes = match fetch(remote, epoch_ms).await? {
+        Ok(b) => b,
+        Err(why) => return Ok(Err(why)),
     };
     let state_dir = state_dir.to_path_buf();
     let location = remote.checkpoint_location(epoch_ms);
@@ -325,14 +301,63 @@ pub async fn restore(state_dir: &Path, remote: &RemoteStore, epoch_ms: i64) -> a
         .context("restore thread")?
 }
 
-fn install(state_dir: &Path, bytes: &[u8], epoch_ms: i64, location: &str) -> anyhow::Result<()> {
+/// Restores the newest usable checkpoint, skipping unusable ones (each named in the log, and the
+/// one restored instead). `None`: there is no checkpoint at all.
+pub async fn restore_newest(state_dir: &Path, remote: &RemoteStore) -> anyhow::Result<Option<i64>> {
+    let mut skipped: Vec<String> = Vec::new();
+    // This release writes the manifest last; only checkpoints from before manifests existed
+    // lack one, so with any manifest in the store a directory without one is incomplete (its
+    // data object may even be whole: a PUT given up on can still land).
+    let manifests = remote.with_manifest().await?;
+    for ms in remote.checkpoints().await?.into_iter().rev() {
+        let location = remote.checkpoint_location(ms);
+        let verdict = if !manifests.is_empty() && !manifests.contains(&ms) {
+            Err(format!(
+                "it has no {MANIFEST} (an upload that did not complete)"
+            ))
+        } else {
+            try_restore(state_dir, remote, ms).await?
+        };
+        match verdict {
+            Ok(()) => {
+                if !skipped.is_empty() {
+                    tracing::warn!(
+                        "skipped unusable checkpoint(s): {}; restored the previous checkpoint {location} instead",
+                        skipped.join("; ")
+                    );
+                }
+                return Ok(Some(ms));
+            }
+            Err(why) => {
+                tracing::error!(checkpoint = %location, reason = %why,
+                    "checkpoint is unusable; trying the previous one");
+                skipped.push(format!("{location} ({why})"));
+            }
+        }
+    }
+    if skipped.is_empty() {
+        return Ok(None);
+    }
+    bail!(
+        "no usable checkpoint in {}: {}; restore one by hand or move the bad ones aside",
+        remote.location(),
+        skipped.join("; ")
+    )
+}
+
+fn install(
+    state_dir: &Path,
+    bytes: &[u8],
+    epoch_ms: i64,
+    location: &str,
+) -> anyhow::Result<Result<(), Unusable>> {
     std::fs::create_dir_all(state_dir)?;
     let tmp = state_dir.join("controller.sqlite3.restoring");
     let _ = std::fs::remove_file(&tmp);
     std::fs::write(&tmp, bytes)?;
     if let Err(e) = iris_store::checkpoint::validate_and_stamp(&tmp, epoch_ms) {
         let _ = std::fs::remove_file(&tmp);
-        bail!("checkpoint {location} {e}");
+        return Ok(Err(e.to_string()));
     }
     let db = state_dir.join("controller.sqlite3");
     for suffix in ["-wal", "-shm", "-journal"] {
@@ -342,8 +367,9 @@ fn install(state_dir: &Path, bytes: &[u8], epoch_ms: i64, location: &str) -> any
     if let Ok(d) = std::fs::File::open(state_dir) {
         let _ = d.sync_all();
     }
-    tracing::warn!(checkpoint = %location, "restored controller DB from checkpoint");
-    Ok(())
+    tracing::warn!(checkpoint = %location, quick_check = "ok", bytes = bytes.len(),
+        "restored controller DB from checkpoint (quick_check: ok)");
+    Ok(Ok(()))
 }
 
 /// What [`prepare`] did at start.
@@ -396,14 +422,14 @@ pub async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
         }
         return Ok(out);
     }
-    let chosen = match &cfg.restore_checkpoint {
-        Some(name) => Some(parse_checkpoint_name(name)?),
-        None => remote.checkpoints().await?.last().copied(),
+    out.restored = match &cfg.restore_checkpoint {
+        Some(name) => {
+            let ms = parse_checkpoint_name(name)?;
+            restore(&cfg.state_dir, &remote, ms).await?;
+            Some(ms)
+        }
+        None => restore_newest(&cfg.state_dir, &remote).await?,
     };
-    if let Some(ms) = chosen {
-        restore(&cfg.state_dir, &remote, ms).await?;
-        out.restored = Some(ms);
-    }
     Ok(out)
 }
 
@@ -428,7 +454,8 @@ impl crate::Controller {
         })
     }
 
-    /// Takes one checkpoint (one at a time).
+    /// Takes one checkpoint (one at a time). A failure is logged here, recorded for
+    /// `GetCheckpointStatus`, and returned as UNAVAILABLE naming the remote state dir.
     pub(crate) async fn checkpoint_now(&self) -> crate::error::Result<(i64, [i32; 3])> {
         let Some(remote) = &self.remote else {
             return Err(crate::Error::precondition(
@@ -436,18 +463,49 @@ impl crate::Controller {
             ));
         };
         let _one = self.checkpoint_lock.lock().await;
-        let (epoch_ms, counts) = take(&self.cfg.state_dir, remote, self.cfg.checkpoint_max_age)
-            .await
-            .map_err(|e| crate::Error::internal(format!("{e:#}")))?;
+        let (epoch_ms, counts) = match take(
+            &self.cfg.state_dir,
+            remote,
+            self.cfg.checkpoint_max_age,
+        )
+        .await
+        {
+            Ok(x) => x,
+            Err(e) => {
+                let msg = format!(
+                        "checkpoint to {} failed: {e:#}; the previous checkpoint is still the newest (check the store's credentials, bucket and endpoint)",
+                        remote.location()
+                    );
+                tracing::error!(remote = %remote.location(), error = %format!("{e:#}"), "checkpoint failed");
+                crate::lock(&self.checkpoint_health).last_error =
+                    Some((iris_store::now_ms(), msg.clone()));
+                return Err(crate::Error::unavailable(msg));
+            }
+        };
+        crate::lock(&self.checkpoint_health).last_error = None;
         let mut conn = self.db();
         let tx = conn.begin()?;
         iris_store::checkpoint::record_taken(&tx, epoch_ms)?;
         tx.commit()?;
         Ok((epoch_ms, counts))
     }
+
+    /// The last checkpoint failure (since the last success), for `GetCheckpointStatus`.
+    pub(crate) fn checkpoint_error(&self) -> Option<(i64, String)> {
+        crate::lock(&self.checkpoint_health).last_error.clone()
+    }
+
+    /// The remote state dir, as configured (empty: none).
+    pub(crate) fn remote_location(&self) -> String {
+        self.remote
+            .as_ref()
+            .map(|r| r.location().to_string())
+            .unwrap_or_default()
+    }
 }
 
-/// The optional periodic checkpoint loop.
+/// The optional periodic checkpoint loop. A failed checkpoint is logged (by `checkpoint_now`) and
+/// the loop goes on.
 pub(crate) async fn periodic(
     ctl: Arc<crate::Controller>,
     every: Duration,
@@ -458,9 +516,8 @@ pub(crate) async fn periodic(
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.wait_for(|v| *v) => return,
         }
-        match ctl.checkpoint_now().await {
-            Ok((ms, _)) => tracing::info!(checkpoint = ms, "periodic checkpoint written"),
-            Err(e) => tracing::error!(error = %e, "periodic checkpoint failed"),
+        if let Ok((ms, _)) = ctl.checkpoint_now().await {
+            tracing::info!(checkpoint = ms, "periodic checkpoint written");
         }
     }
 }
@@ -543,5 +600,42 @@ mod tests {
         let back = remote.read_rollout().await.expect("read").expect("some");
         assert_eq!(back.phase, RolloutPhase::RollbackRequested);
         assert!(back.updated_at_ms > 0);
+    }
+
+    #[tokio::test]
+    async fn a_truncated_checkpoint_without_manifests_is_caught_by_zstd() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).expect("state");
+        drop(iris_store::Db::open(&state.join("controller.sqlite3")).expect("db"));
+        let url = format!("file://{}", dir.path().join("remote").display());
+        let remote = RemoteStore::parse(&url).expect("remote");
+        let (ms1, _) = take(&state, &remote, DEFAULT_MAX_AGE).await.expect("take");
+        let (ms2, _) = take(&state, &remote, DEFAULT_MAX_AGE)
+            .await
+            .expect("take 2");
+        // As from a release before manifests: none at all.
+        for ms in [ms1, ms2] {
+            remote
+                .delete(&format!("{STATE_DIR}/{ms}/{MANIFEST}"))
+                .await
+                .expect("rm");
+        }
+        let obj = format!("{STATE_DIR}/{ms2}/{DB_OBJECT}");
+        let data = remote.get(&obj).await.expect("get").expect("data");
+        remote
+            .put(&obj, data[..data.len() - 7].to_vec())
+            .await
+            .expect("truncate");
+        let err = restore(&state, &remote, ms2).await.expect_err("truncated");
+        assert!(
+            format!("{err:#}").contains("not valid zstd data"),
+            "{err:#}"
+        );
+        std::fs::remove_file(state.join("controller.sqlite3")).expect("rm db");
+        assert_eq!(
+            restore_newest(&state, &remote).await.expect("newest"),
+            Some(ms1)
+        );
     }
 }

@@ -6,6 +6,32 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Capacity a scale group can provide, used for the submit-time feasibility check.
+/// The budget of a user nobody set one for (the reference's defaults: 1000, INTERACTIVE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetDefaults {
+    /// Spend before work drops to BATCH; 0 = unlimited.
+    pub limit: i64,
+    /// The highest band such a user may submit to.
+    pub max_band: iris_types::Band,
+}
+
+impl Default for BudgetDefaults {
+    fn default() -> Self {
+        BudgetDefaults {
+            limit: 1000,
+            max_band: iris_types::Band::Interactive,
+        }
+    }
+}
+
+/// One `user_budgets` entry of a cluster config: these users get this budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetTier {
+    pub user_ids: Vec<String>,
+    pub limit: i64,
+    pub max_band: iris_types::Band,
+}
+
 #[derive(Clone, Debug)]
 pub struct GroupCapacity {
     pub name: String,
@@ -62,6 +88,13 @@ pub struct ControllerConfig {
     pub checkpoint_max_age: Duration,
     /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
     pub restore_checkpoint: Option<String>,
+    /// Start on an empty DB: an existing one is set aside (renamed, never deleted) and no
+    /// checkpoint is restored unless `restore_checkpoint` names one (`--fresh`).
+    pub fresh: bool,
+    /// Budget of a user without a `user_budgets` row (`user_budget_defaults`).
+    pub budget_defaults: BudgetDefaults,
+    /// Per-user budgets from the config (`user_budgets`), written at start; later tiers win.
+    pub budget_tiers: Vec<BudgetTier>,
     /// `auth.*`; `None`: null-auth, every caller is the anonymous admin.
     pub auth: Option<auth::AuthConfig>,
     /// This cluster's name and its federation peers (none: no federation).
@@ -84,6 +117,9 @@ impl ControllerConfig {
             checkpoint_interval: None,
             checkpoint_max_age: checkpoint::DEFAULT_MAX_AGE,
             restore_checkpoint: None,
+            fresh: false,
+            budget_defaults: BudgetDefaults::default(),
+            budget_tiers: Vec::new(),
             federation: federation::FederationConfig::default(),
         }
     }

@@ -211,11 +211,15 @@ impl Controller {
         &self,
         _req: pb::GetCheckpointStatusRequest,
     ) -> Result<pb::GetCheckpointStatusResponse> {
+        let err = self.checkpoint_error();
         Ok(pb::GetCheckpointStatusResponse {
             last_checkpoint_epoch_ms: iris_store::meta_get(
                 &*self.db(),
                 iris_store::checkpoint::META_KEY,
             )?,
+            last_error_epoch_ms: err.as_ref().map(|e| e.0),
+            last_error: err.map(|e| e.1).unwrap_or_default(),
+            remote_state_dir: self.remote_location(),
         })
     }
 

@@ -25,7 +25,7 @@ mod testutil;
 mod tick;
 mod views;
 
-pub use config::{ControllerConfig, GroupCapacity};
+pub use config::{BudgetDefaults, BudgetTier, ControllerConfig, GroupCapacity};
 pub use error::Error;
 
 use anyhow::Context;
@@ -92,6 +92,8 @@ pub struct Controller {
     remote: Option<checkpoint::RemoteStore>,
     /// One checkpoint at a time.
     checkpoint_lock: tokio::sync::Mutex<()>,
+    /// The last checkpoint failure, for `GetCheckpointStatus`.
+    checkpoint_health: Mutex<checkpoint::Health>,
     admissions: tokio::sync::mpsc::UnboundedSender<Admission>,
     /// The HTTP clients `/proxy` forwards with (kept for their connection pools), built on the
     /// first proxied request: most controllers never proxy, and building them reads the system's
@@ -120,7 +122,16 @@ impl Controller {
             None => None,
         };
         let db_path = cfg.state_dir.join("controller.sqlite3");
-        let db = Db::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
+        let mut db =
+            Db::open(&db_path).with_context(|| format!("opening {}", db_path.display()))?;
+        let n = accounts::apply_budget_tiers(&mut db, &cfg.budget_tiers)
+            .context("applying the config's user_budgets")?;
+        if n > 0 {
+            tracing::info!(
+                assignments = n,
+                "user budgets from the cluster config applied"
+            );
+        }
         let logs = iris_store::logs::open(&cfg.state_dir.join("logs.sqlite3"))
             .context("opening log store")?;
         let readonly =
@@ -156,6 +167,7 @@ impl Controller {
             me: me.clone(),
             remote,
             checkpoint_lock: tokio::sync::Mutex::new(()),
+            checkpoint_health: Mutex::new(checkpoint::Health::default()),
             admissions,
             upstreams: std::sync::OnceLock::new(),
         });
@@ -301,6 +313,34 @@ pub fn router(ctl: Arc<Controller>) -> axum::Router {
     limits::guard(rpc::router(ctl.clone())).merge(proxy::router(ctl))
 }
 
+/// `--fresh`: the state dir's DB (with its WAL and shared-memory files) is renamed to
+/// `controller.sqlite3.set-aside-<epoch_ms>` so the controller starts empty; nothing is deleted.
+fn set_aside_db(state_dir: &std::path::Path) -> anyhow::Result<()> {
+    let db = state_dir.join("controller.sqlite3");
+    if !db.exists() {
+        return Ok(());
+    }
+    let stamp = iris_store::now_ms();
+    for suffix in ["", "-wal", "-shm"] {
+        let from = state_dir.join(format!("controller.sqlite3{suffix}"));
+        if from.exists() {
+            let to = state_dir.join(format!("controller.sqlite3.set-aside-{stamp}{suffix}"));
+            std::fs::rename(&from, &to).with_context(|| {
+                format!(
+                    "--fresh: setting {} aside as {}",
+                    from.display(),
+                    to.display()
+                )
+            })?;
+        }
+    }
+    tracing::warn!(
+        set_aside = %state_dir.join(format!("controller.sqlite3.set-aside-{stamp}")).display(),
+        "--fresh: the previous DB was set aside; starting empty"
+    );
+    Ok(())
+}
+
 /// Opens the state dir, binds, and starts the server, the tick and reconcilers for known workers.
 pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     let bind = cfg.bind;
@@ -310,7 +350,21 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     // DB would assign tasks to each other's workers.
     let state_lock = iris_rpc::dirlock::DirLock::acquire(&cfg.state_dir, "controller")?;
     // Rollback requests and restores happen before the DB is opened.
-    let prepared = checkpoint::prepare(&cfg).await?;
+    if cfg.fresh {
+        set_aside_db(&cfg.state_dir)?;
+    }
+    // Fresh means no restore, unless a checkpoint is named explicitly.
+    let prepared = if cfg.fresh && cfg.restore_checkpoint.is_none() {
+        checkpoint::Prepared {
+            remote: match &cfg.remote_state_dir {
+                Some(spec) => Some(checkpoint::RemoteStore::parse(spec)?),
+                None => None,
+            },
+            ..Default::default()
+        }
+    } else {
+        checkpoint::prepare(&cfg).await?
+    };
     let ctl = Controller::open(cfg)?;
     let listener = tokio::net::TcpListener::bind(bind)
         .await

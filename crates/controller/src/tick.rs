@@ -66,8 +66,10 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
 }
 
 /// Every worker as the scheduler sees it (capacity, attributes, health).
+/// Availability markers (`availability:<variant>`) are added per region (see
+/// [`iris_scheduler::enrich_with_availability`]).
 pub(crate) fn load_workers(conn: &impl Read) -> Result<Vec<Worker>> {
-    Ok(iris_store::workers::capacities(conn)?
+    let mut workers: Vec<Worker> = iris_store::workers::capacities(conn)?
         .into_iter()
         .map(|w| Worker {
             pooled: crate::backend::is_inproc_address(&w.address),
@@ -77,7 +79,9 @@ pub(crate) fn load_workers(conn: &impl Read) -> Result<Vec<Worker>> {
             healthy: w.healthy,
             device_variant: w.device_variant,
         })
-        .collect())
+        .collect();
+    iris_scheduler::enrich_with_availability(&mut workers);
+    Ok(workers)
 }
 
 pub(crate) fn new_uid() -> String {
@@ -130,7 +134,13 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         };
         pending.push(PendingTask {
             user: spec.user.clone(),
-            band: crate::accounts::effective_band_of(spec.band, &spec.user, &spend, &limits),
+            band: crate::accounts::effective_band_of(
+                spec.band,
+                &spec.user,
+                &spend,
+                &limits,
+                ctl.cfg.budget_defaults.limit,
+            ),
             resources: spec.resources.clone(),
             constraints: spec.constraints.clone(),
             group_by: spec.group_by.clone(),

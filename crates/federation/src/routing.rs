@@ -17,7 +17,7 @@ const ROUTING_KEYS: [&str; 5] = [
 ];
 
 /// Prefix of the zone-capability markers that `--reserve` adds (`availability:h100`).
-pub(crate) const MARKER_PREFIX: &str = "availability:";
+pub(crate) const MARKER_PREFIX: &str = iris_types::AVAILABILITY_PREFIX;
 
 /// The peer a job is pinned to: the value of the first `cluster EQ <x>` constraint, trimmed.
 ///

@@ -15,6 +15,7 @@
 //! | `iris.logging`    | [`iris::logging`]        |
 //! | `iris.vm`         | [`iris::vm`]             |
 //! | `iris.inspect`    | [`iris::inspect`]        |
+//! | `iris.actor`      | [`iris::actor`]          |
 //! | `finelog.logging` | [`finelog::logging`]     |
 //!
 //! `iris.inspect` is ours alone (typed reads for the dashboard and CLI); the published packages
@@ -76,6 +77,13 @@ pub mod iris {
         include!(concat!(env!("OUT_DIR"), "/iris.vm.serde.rs"));
     }
 
+    /// `iris.actor`: the `ActorService` an actor server exposes (pickled arguments and results).
+    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    pub mod actor {
+        include!(concat!(env!("OUT_DIR"), "/iris.actor.rs"));
+        include!(concat!(env!("OUT_DIR"), "/iris.actor.serde.rs"));
+    }
+
     /// `iris.inspect`: Iris's own typed reads (`InspectService`) for the dashboard and CLI.
     #[allow(clippy::all, clippy::pedantic, missing_docs)]
     pub mod inspect {
@@ -95,11 +103,12 @@ pub mod finelog {
 }
 
 pub use finelog::logging as finelog_logging;
-pub use iris::{cluster, inspect, job, query, time};
+pub use iris::{cluster, inspect, job, query, time, vm};
 
 // Service names and method tables generated from the service definitions:
 // CONTROLLER_SERVICE / CONTROLLER_METHODS, ENDPOINT_SERVICE / ENDPOINT_METHODS,
-// WORKER_SERVICE / WORKER_METHODS, LOG_SERVICE / LOG_METHODS, INSPECT_SERVICE / INSPECT_METHODS.
+// WORKER_SERVICE / WORKER_METHODS, LOG_SERVICE / LOG_METHODS, INSPECT_SERVICE / INSPECT_METHODS,
+// ACTOR_SERVICE / ACTOR_METHODS.
 include!(concat!(env!("OUT_DIR"), "/services.rs"));
 
 /// Encoded `google.protobuf.FileDescriptorSet` for every `.proto` file in this

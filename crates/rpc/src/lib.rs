@@ -5,6 +5,8 @@
 //! axum with prost messages and the compressions the published client sends (zstd, gzip).
 
 pub mod dirlock;
+pub mod procinfo;
+pub mod proclog;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};

@@ -54,6 +54,7 @@
 //! `Constraint`) is `iris-types`'s, shared with federation, backends and the controller; this
 //! crate defines only the snapshot and plan around it.
 
+mod availability;
 mod constraint;
 mod engine;
 mod feasible;
@@ -66,6 +67,7 @@ mod tests;
 #[cfg(test)]
 mod testutil;
 
+pub use availability::enrich_with_availability;
 pub use constraint::{constraint_matches, ConstraintError};
 pub use feasible::feasible_anywhere;
 pub use model::{

@@ -179,6 +179,15 @@ impl fmt::Display for Constraint {
     }
 }
 
+/// The attribute-key prefix of a zone availability marker (`availability:h100`): a hard
+/// `availability:<variant> EXISTS` constraint means "only where this accelerator can be found".
+pub const AVAILABILITY_PREFIX: &str = "availability:";
+
+/// The availability marker key for a device variant (`H100` → `availability:h100`).
+pub fn availability_key(variant: &str) -> String {
+    format!("{AVAILABILITY_PREFIX}{}", variant.trim().to_lowercase())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

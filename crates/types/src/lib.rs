@@ -11,7 +11,7 @@ pub mod resources;
 pub mod state;
 pub mod transition;
 
-pub use constraint::{AttrValue, Constraint, ConstraintOp};
+pub use constraint::{availability_key, AttrValue, Constraint, ConstraintOp, AVAILABILITY_PREFIX};
 pub use ids::{AttemptId, IdError, JobName, TaskId};
 pub use resources::{Dim, Resources};
 pub use state::{Band, JobState, TaskState};

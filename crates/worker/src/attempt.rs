@@ -338,6 +338,11 @@ async fn execute(
         env.insert("PATH".into(), path);
         env.insert("VIRTUAL_ENV".into(), venv.display().to_string());
     }
+    let run_env = Arc::new(crate::RunEnv {
+        dir: dir.to_path_buf(),
+        env: env.clone(),
+    });
+    set_state(inner, uid, |a| a.run_env = Some(run_env));
     let mut cmd = tokio::process::Command::new(prog);
     cmd.args(args).envs(env);
     let (status, last_stderr) = match supervise(inner, uid, cmd, dir, logs, run, true).await? {

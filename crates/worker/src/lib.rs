@@ -12,6 +12,7 @@
 
 mod attempt;
 pub mod bundle;
+mod diag;
 pub mod levels;
 mod logs;
 mod registration;
@@ -63,6 +64,16 @@ struct Attempt {
     stop_requested: bool,
     /// Stopped by the worker itself after losing the controller (ends WORKER_FAILED).
     abandoned: bool,
+    /// Where and with what environment the command runs, once it does (for exec and profiling).
+    run_env: Option<Arc<RunEnv>>,
+}
+
+/// An attempt's command's working directory and environment (the variables set on top of the
+/// worker's own, as the command got them).
+#[derive(Debug)]
+struct RunEnv {
+    dir: PathBuf,
+    env: BTreeMap<String, String>,
 }
 
 struct Inner {

@@ -1,6 +1,7 @@
-//! The worker's RPC surface (`iris.cluster.WorkerService`): `HealthCheck`, and `Reconcile`,
+//! The worker's RPC surface (`iris.cluster.WorkerService`): `HealthCheck`; `Reconcile`,
 //! which takes the controller's desired set of attempts, starts the new ones, stops the ones
-//! asked to stop (and live ones no longer desired), and answers with what the worker observes.
+//! asked to stop (and live ones no longer desired), and answers with what the worker observes;
+//! and the diagnostics in `diag` (`ExecInContainer`, `ProfileTask`, `GetProcessStatus`).
 
 use crate::attempt::{kill_group, run_attempt};
 use crate::{lock, Attempt, Inner};
@@ -27,6 +28,27 @@ pub(crate) async fn dispatch(
             iris_rpc::unary(&headers, &body, |req| {
                 let inner = inner.clone();
                 async move { reconcile(&inner, req) }
+            })
+            .await
+        }
+        ("iris.cluster.WorkerService", "ExecInContainer") => {
+            iris_rpc::unary(&headers, &body, |req| {
+                let inner = inner.clone();
+                async move { crate::diag::exec(&inner, req).await }
+            })
+            .await
+        }
+        ("iris.cluster.WorkerService", "ProfileTask") => {
+            iris_rpc::unary(&headers, &body, |req| {
+                let inner = inner.clone();
+                async move { crate::diag::profile(&inner, req).await }
+            })
+            .await
+        }
+        ("iris.cluster.WorkerService", "GetProcessStatus") => {
+            iris_rpc::unary(&headers, &body, |req| {
+                let inner = inner.clone();
+                async move { crate::diag::process_status(&inner, req) }
             })
             .await
         }
@@ -114,6 +136,7 @@ fn reconcile(
                                     pgid: None,
                                     stop_requested: false,
                                     abandoned: false,
+                                    run_env: None,
                                 },
                             );
                             let inner2 = inner.clone();

@@ -1,5 +1,5 @@
 //! `iris attempt ...`: one attempt of a task (`<task>:<N>`): describe it, show its logs and
-//! events, and preempt or fail it.
+//! events, preempt or fail it, and profile it while it runs.
 
 use super::logs::logs;
 use super::task::{kick, task_events};
@@ -57,5 +57,13 @@ pub(crate) async fn run(a: AttemptCmd, url: Option<String>) -> anyhow::Result<i3
         }
         AttemptCmd::Preempt(b) => kick(&cl, &b, 10).await,
         AttemptCmd::Fail(b) => kick(&cl, &b, 5).await,
+        AttemptCmd::Profile {
+            attempt_id,
+            profile,
+        } => {
+            let id =
+                iris_types::AttemptId::parse(&attempt_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            super::process::run_profile(&cl, id.to_string(), &profile).await
+        }
     }
 }

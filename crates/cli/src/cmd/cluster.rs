@@ -3,8 +3,9 @@
 //! off to [`crate::local`], [`crate::rollout`] and [`crate::keys`]; this module routes them.
 
 use crate::client::{call, controller_client};
-use crate::{keys, local, output, rollout, ClusterCmd, ControllerCmd};
+use crate::{keys, lifecycle, local, output, rollout, ClusterCmd, ControllerCmd};
 use iris_proto::cluster::controller as c;
+use std::path::Path;
 
 /// `iris cluster list`: the configs `--cluster NAME` resolves, by name.
 pub(crate) fn list() -> i32 {
@@ -20,13 +21,44 @@ pub(crate) fn list() -> i32 {
     0
 }
 
-pub(crate) async fn run(cmd: ClusterCmd, url: Option<String>) -> anyhow::Result<i32> {
+pub(crate) async fn run(
+    cmd: ClusterCmd,
+    url: Option<String>,
+    config: Option<&Path>,
+    cluster: Option<&str>,
+) -> anyhow::Result<i32> {
     match cmd {
         ClusterCmd::Start(a) => local::start(a).await,
         ClusterCmd::List => Ok(list()),
         ClusterCmd::Controller(ControllerCmd::Serve(a)) => local::serve_controller(a).await,
-        ClusterCmd::Controller(ControllerCmd::Checkpoint) => {
-            rollout::checkpoint(&controller_client(&url)?).await
+        ClusterCmd::Controller(ControllerCmd::Checkpoint { stop, state_dir }) => {
+            let code = rollout::checkpoint(&controller_client(&url)?).await?;
+            if !stop || code != 0 {
+                return Ok(code);
+            }
+            let dir = lifecycle::local_state_dir(state_dir.as_deref(), config, cluster)?;
+            lifecycle::stop_after_checkpoint(&dir, &url).await
+        }
+        ClusterCmd::Controller(ControllerCmd::WorkerRestart(a)) => Ok(lifecycle::worker_restart(a)),
+        ClusterCmd::Stop(a) => {
+            let dir = lifecycle::local_state_dir(a.state_dir.as_deref(), config, cluster)?;
+            lifecycle::stop(&a, &dir, &url).await
+        }
+        ClusterCmd::Restart { .. } => {
+            anyhow::bail!("cluster restart: handled before a controller is chosen")
+        }
+        ClusterCmd::Dashboard => {
+            let cl = controller_client(&url)?;
+            lifecycle::dashboard(cl.base(), 0).await
+        }
+        ClusterCmd::DashboardProxy(a) => {
+            let cl = controller_client(&url)?;
+            lifecycle::dashboard(cl.base(), a.port).await
+        }
+        ClusterCmd::LogServer(c) => lifecycle::log_server(c, &url).await,
+        ClusterCmd::Vm(v) => crate::cmd::vm::run(v, &url).await,
+        ClusterCmd::CreateSlice { .. } | ClusterCmd::DeleteSlice { .. } => {
+            anyhow::bail!("create-slice/delete-slice: handled before a controller is chosen")
         }
         ClusterCmd::Controller(ControllerCmd::Restart(a)) => rollout::restart(a, &url).await,
         ClusterCmd::Controller(ControllerCmd::Rollback(a)) => rollout::rollback(a).await,

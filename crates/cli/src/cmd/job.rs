@@ -70,7 +70,85 @@ fn constraint(key: &str, op: i32, values: &[&str], mode: i32) -> job::Constraint
     }
 }
 
+/// `--reserve [COUNT:]DEVICE` as its hard `availability:<variant>` marker key: a TPU variant
+/// (`v5litepod-16`, `v4-8`) as it is, else a GPU spec's variant (`H100x8` → `h100`).
+fn reserve_key(spec: &str) -> anyhow::Result<String> {
+    let device = spec.split_once(':').map(|x| x.1).unwrap_or(spec).trim();
+    let b = device.as_bytes();
+    let tpu = b.len() > 2
+        && b[0].eq_ignore_ascii_case(&b'v')
+        && b[1].is_ascii_digit()
+        && device.contains('-');
+    let variant = if tpu {
+        device.to_string()
+    } else {
+        iris_types::resources::parse_gpu(device)
+            .map_err(|_| anyhow::anyhow!("--reserve {spec:?}: expected [COUNT:]DEVICE naming an accelerator, e.g. 4:H100x8 or v5litepod-16"))?
+            .variant
+    };
+    // "auto" (a bare count) names no variant.
+    if variant.trim().is_empty() || variant.eq_ignore_ascii_case("auto") {
+        bail!("--reserve {spec:?} does not name an accelerator variant; name one, e.g. H100x8");
+    }
+    Ok(iris_types::availability_key(&variant))
+}
+
+/// As the published CLI: accelerators, >= 4 GB of memory or >= 10 GB of disk on a job need
+/// `--enable-extra-resources` (they usually belong on the tasks an entrypoint job spawns, not
+/// on the entrypoint). Unparsable sizes are left to the size parser's own error.
+fn check_extra_resources(a: &RunArgs) -> anyhow::Result<()> {
+    if a.enable_extra_resources {
+        return Ok(());
+    }
+    const HINT: &str = "the top-level entrypoint job usually needs only modest CPU/RAM/disk to schedule and dispatch work; accelerators and large resources belong on the tasks it spawns. If this request is intentional, pass --enable-extra-resources";
+    if a.tpu.is_some() {
+        bail!("--tpu requires --enable-extra-resources: {HINT}");
+    }
+    if a.gpu.is_some() {
+        bail!("--gpu requires --enable-extra-resources: {HINT}");
+    }
+    let size = |s: &str| published_size(s).unwrap_or(0.0);
+    if size(&a.memory) >= 4e9 {
+        bail!(
+            "--memory {} (>= 4 GB) requires --enable-extra-resources: {HINT}",
+            a.memory
+        );
+    }
+    if size(&a.disk) >= 10e9 {
+        bail!(
+            "--disk {} (>= 10 GB) requires --enable-extra-resources: {HINT}",
+            a.disk
+        );
+    }
+    Ok(())
+}
+
+/// A size as the published CLI reads it for this check (humanfriendly: `GB` is 10^9, `GiB`
+/// 2^30), so a request is refused exactly when the published CLI refuses it.
+fn published_size(s: &str) -> Option<f64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some(n * mult)
+}
+
 fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
+    check_extra_resources(a)?;
     let user = resolve_user(&a.user)?;
     let cpu =
         iris_types::resources::parse_cpu(&a.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
@@ -170,6 +248,9 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         constraints.push(constraint("preemptible", 0, &["true"], 1));
     } else if a.no_preemptible || (!accel && a.replicas == 1 && cpu <= 1000 && memory <= 4 << 30) {
         constraints.push(constraint("preemptible", 0, &["false"], 0));
+    }
+    for spec in &a.reserve {
+        constraints.push(constraint(&reserve_key(spec)?, 2, &[], 0));
     }
     for kv in &a.constraint {
         let (k, v) = kv
@@ -563,6 +644,32 @@ fn enum_named<E: Into<i32>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_are_read_as_the_published_cli_reads_them() {
+        assert_eq!(super::published_size("4GB"), Some(4e9));
+        assert_eq!(super::published_size("3.9GB"), Some(3.9e9));
+        assert_eq!(super::published_size("1GiB"), Some(1073741824.0));
+        assert_eq!(super::published_size("lots"), None);
+    }
+
+    #[test]
+    fn reserve_names_the_variant_and_ignores_the_count() {
+        assert_eq!(
+            super::reserve_key("4:H100x8").expect("gpu"),
+            "availability:h100"
+        );
+        assert_eq!(
+            super::reserve_key("H100").expect("gpu"),
+            "availability:h100"
+        );
+        assert_eq!(
+            super::reserve_key("v5litepod-16").expect("tpu"),
+            "availability:v5litepod-16"
+        );
+        let e = super::reserve_key("8").expect_err("no variant").to_string();
+        assert!(e.contains("--reserve") && e.contains("variant"), "{e}");
+    }
 
     #[test]
     fn system_reason_rules() {

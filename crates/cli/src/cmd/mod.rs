@@ -3,15 +3,18 @@
 //! dispatch stay in `main.rs`; helpers shared by several groups (log fetching, bulk id
 //! arguments) live here and in [`logs`].
 
+pub(crate) mod actor;
 pub(crate) mod attempt;
 pub(crate) mod cluster;
 pub(crate) mod endpoints;
 pub(crate) mod job;
 pub(crate) mod logs;
+pub(crate) mod process;
 pub(crate) mod query;
 pub(crate) mod rpc;
 pub(crate) mod task;
 pub(crate) mod user;
+pub(crate) mod vm;
 
 use crate::BulkArgs;
 use anyhow::bail;

@@ -1,5 +1,6 @@
-//! `iris task ...`: listing and describing a job's tasks, their logs and events, and the bulk
-//! `preempt`/`fail` actions ([`kick`], shared with `iris attempt`).
+//! `iris task ...`: listing and describing a job's tasks, their logs and events, the bulk
+//! `preempt`/`fail` actions ([`kick`], shared with `iris attempt`), and `exec` and `profile`
+//! against a running task.
 
 use super::bulk_ids;
 use super::logs::logs;
@@ -74,6 +75,49 @@ pub(crate) async fn kick(cl: &Client, b: &BulkArgs, desired: i32) -> anyhow::Res
     Ok(if bad > 0 { 1 } else { 0 })
 }
 
+/// `iris task exec TASK_ID [--timeout S] -- CMD...`.
+#[derive(clap::Args)]
+pub(crate) struct ExecArgs {
+    task_id: String,
+    /// Seconds the command may run (-1: no limit).
+    #[arg(long, default_value_t = 60, allow_negative_numbers = true)]
+    timeout: i32,
+    /// The command (after `--` when it has options of its own).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+/// Runs a command in the task's running attempt (its directory, environment and user) and
+/// passes on its output and exit code.
+async fn exec(cl: &Client, a: ExecArgs) -> anyhow::Result<i32> {
+    let wait = match a.timeout {
+        t if t < 0 => std::time::Duration::from_secs(7 * 24 * 3600),
+        0 => std::time::Duration::from_secs(120),
+        t => std::time::Duration::from_secs(t as u64 + 60),
+    };
+    let r: c::ExecInContainerResponse = cl
+        .call(
+            crate::client::SVC,
+            "ExecInContainer",
+            &c::ExecInContainerRequest {
+                task_id: a.task_id,
+                command: a.command,
+                timeout_seconds: a.timeout,
+            },
+            wait,
+        )
+        .await?;
+    if !r.error.is_empty() {
+        eprintln!("Error: {}", r.error);
+        return Ok(1);
+    }
+    use std::io::Write;
+    print!("{}", r.stdout);
+    eprint!("{}", r.stderr);
+    let _ = std::io::stdout().flush();
+    Ok(r.exit_code)
+}
+
 pub(crate) async fn run(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> {
     let cl = controller_client(&url)?;
     match t {
@@ -109,6 +153,14 @@ pub(crate) async fn run(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> 
         }
         TaskCmd::Preempt(b) => kick(&cl, &b, 10).await,
         TaskCmd::Fail(b) => kick(&cl, &b, 5).await,
+        TaskCmd::Exec(a) => exec(&cl, a).await,
+        TaskCmd::Profile { task_id, profile } => {
+            if iris_types::AttemptId::parse(&task_id).is_ok() {
+                anyhow::bail!("task profile takes a task id; use `iris attempt profile {task_id}` for one attempt");
+            }
+            iris_types::TaskId::parse(&task_id).map_err(|e| anyhow::anyhow!("{e}"))?;
+            super::process::run_profile(&cl, task_id, &profile).await
+        }
     }
 }
 

@@ -329,6 +329,7 @@ pub(crate) fn tick_pass(ctl: &Controller) -> Result<()> {
             &q.user_id,
             &spend,
             &limits,
+            ctl.cfg.budget_defaults.limit,
         );
         let pinned = (!q.pinned_peer.is_empty()).then(|| q.pinned_peer.clone());
         if let Some(p) = pinned.as_ref().filter(|p| refused.contains(*p)) {

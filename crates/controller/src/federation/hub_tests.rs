@@ -191,7 +191,11 @@ async fn a_child_cancel_that_cannot_be_sent_is_recorded_and_stays_pending_until_
     let child = "/alice/root/eval";
     assert!(ctl.cancel_federated(child).await.expect("cancel"));
     let pending = sf::pending_child_cancels(&*ctl.db(), "west").expect("pending");
-    assert_eq!(pending, vec![child.to_string()], "the sync loop re-drives it");
+    assert_eq!(
+        pending,
+        vec![child.to_string()],
+        "the sync loop re-drives it"
+    );
     assert!(sf::pending_child_cancels(&*ctl.db(), "east")
         .expect("pending")
         .is_empty());

@@ -45,6 +45,12 @@ impl Controller {
             return Err(Error::invalid("max_lines must not be negative (0 = 1000)"));
         }
         let min_level = iris_store::logs::parse_level(&req.min_level).map_err(Error::invalid)?;
+        if req.source.starts_with("/system/") && req.source != super::endpoints::LOG_SERVER {
+            super::process::check_system_log_reader()?;
+            if let Some(r) = self.fetch_system_logs(&req, min_level).await? {
+                return Ok(r);
+            }
+        }
         let caller = crate::auth::caller();
         if caller.role == iris_auth::Role::FederationPeer {
             let key = crate::federation::log_job_key(&req.source);

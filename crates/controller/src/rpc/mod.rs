@@ -3,9 +3,11 @@
 //! JWKS and `/metrics`. The handlers live in one file per resource.
 
 mod admin;
+mod autoscaler;
 pub(crate) mod endpoints;
 mod jobs;
 mod logs;
+mod process;
 mod tasks;
 mod users;
 mod workers;
@@ -185,6 +187,11 @@ async fn dispatch_inner(
             "GetKubernetesClusterStatus" => call!(get_kubernetes_cluster_status),
             "FederationSync" => call!(federation_sync),
             "MintEndpointToken" => call!(mint_endpoint_token),
+            "GetAutoscalerStatus" => call!(get_autoscaler_status),
+            "GetWorkerStatus" => call!(get_worker_status),
+            "GetProcessStatus" => call!(get_process_status),
+            "ProfileTask" => call!(profile_task),
+            "ExecInContainer" => call!(exec_in_container),
             _ => unimplemented(&service, m),
         },
         ("iris.inspect.InspectService", "ListTaskEvents") => call!(list_task_events),

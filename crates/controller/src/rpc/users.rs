@@ -54,8 +54,8 @@ impl Controller {
         let (limit, band) = match budgets::get(&*conn, &req.user_id)? {
             Some(b) => (b.limit, b.max_band),
             None => (
-                crate::accounts::DEFAULT_BUDGET_LIMIT,
-                crate::accounts::DEFAULT_MAX_BAND.code(),
+                self.cfg.budget_defaults.limit,
+                self.cfg.budget_defaults.max_band.code(),
             ),
         };
         let spent = budgets::spend(&*conn, &req.user_id)?;

@@ -20,6 +20,7 @@ impl Controller {
         }
         let md = req.metadata.clone().unwrap_or_default();
         crate::reconcile::upsert_worker(self, &req, &md)?;
+        tracing::info!(worker = %req.worker_id, address = %req.address, "worker registered");
         crate::reconcile::ensure_reconciler(self, &req.worker_id);
         self.wake();
         Ok(c::RegisterResponse {
