@@ -42,49 +42,12 @@ pub fn local_state_dir(
         .unwrap_or_else(crate::local::default_state_dir))
 }
 
-/// The controller holding `dir`: its PID and (once it serves) address. `None` when no process
-/// holds the dir's lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    pub pid: i32,
-    pub address: Option<String>,
-}
+pub use iris_rpc::dirlock::Holder;
 
+/// The controller holding `dir` (see [`iris_rpc::dirlock::holder`]).
 pub fn holder(dir: &Path) -> anyhow::Result<Option<Holder>> {
-    let path = dir.join("controller.lock");
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    // A shared lock is granted only when no controller holds the exclusive one; it is
-    // released when `file` drops, at the end of this function.
-    match file.try_lock_shared() {
-        Ok(()) => return Ok(None),
-        Err(std::fs::TryLockError::WouldBlock) => {}
-        Err(std::fs::TryLockError::Error(e)) => {
-            return Err(e).with_context(|| format!("checking the lock {}", path.display()))
-        }
-    }
-    let text = std::fs::read_to_string(&path).unwrap_or_default();
-    Ok(parse_holder(&text))
-}
-
-/// `pid 123 address http://127.0.0.1:4000` (the format `DirLock::record` writes).
-fn parse_holder(text: &str) -> Option<Holder> {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let value = |key: &str| {
-        words
-            .iter()
-            .position(|w| *w == key)
-            .and_then(|i| words.get(i + 1))
-            .map(|s| s.to_string())
-    };
-    let pid = value("pid")?.parse().ok()?;
-    Some(Holder {
-        pid,
-        address: value("address"),
-    })
+    iris_rpc::dirlock::holder(dir, "controller")
+        .with_context(|| format!("checking the controller lock in {}", dir.display()))
 }
 
 #[derive(Args)]
@@ -388,25 +351,6 @@ pub fn worker_restart(_a: WorkerRestartArgs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_lock_file_names_its_holder() {
-        assert_eq!(
-            parse_holder("pid 42 address http://127.0.0.1:9\n"),
-            Some(Holder {
-                pid: 42,
-                address: Some("http://127.0.0.1:9".into())
-            })
-        );
-        assert_eq!(
-            parse_holder("pid 7\n"),
-            Some(Holder {
-                pid: 7,
-                address: None
-            })
-        );
-        assert_eq!(parse_holder(""), None);
-    }
 
     #[test]
     fn an_unheld_lock_has_no_holder_and_a_held_one_does() {

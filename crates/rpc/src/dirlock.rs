@@ -90,8 +90,72 @@ impl DirLock {
     }
 }
 
+/// The process holding `dir`'s lock for `role`, as its lock file names it (the format
+/// [`DirLock::record`] writes). `None` when no process holds the lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: i32,
+    /// Known once the holder serves.
+    pub address: Option<String>,
+}
+
+pub fn holder(dir: &Path, role: &str) -> std::io::Result<Option<Holder>> {
+    let path = dir.join(format!("{role}.lock"));
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // A shared lock is granted only when nobody holds the exclusive one; it is released when
+    // `file` drops, at the end of this function.
+    match file.try_lock_shared() {
+        Ok(()) => return Ok(None),
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(e),
+    }
+    Ok(parse_holder(
+        &std::fs::read_to_string(&path).unwrap_or_default(),
+    ))
+}
+
+/// `pid 123 address http://127.0.0.1:4000`.
+fn parse_holder(text: &str) -> Option<Holder> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let value = |key: &str| {
+        words
+            .iter()
+            .position(|w| *w == key)
+            .and_then(|i| words.get(i + 1))
+            .map(|s| s.to_string())
+    };
+    Some(Holder {
+        pid: value("pid")?.parse().ok()?,
+        address: value("address"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_lock_file_names_its_holder() {
+        use super::{parse_holder, Holder};
+        assert_eq!(
+            parse_holder("pid 42 address http://127.0.0.1:9\n"),
+            Some(Holder {
+                pid: 42,
+                address: Some("http://127.0.0.1:9".into())
+            })
+        );
+        assert_eq!(
+            parse_holder("pid 7\n"),
+            Some(Holder {
+                pid: 7,
+                address: None
+            })
+        );
+        assert_eq!(parse_holder(""), None);
+    }
+
     use super::*;
 
     #[test]
