@@ -748,10 +748,10 @@ def ours_rpc_controller_calls():
 
     job = submit("rpc-seen", ["true"])
     r = ok(ours("rpc", "controller", "list-jobs"))
-    listed = [j["jobId"] for j in json.loads(r.out).get("jobs", [])]
+    listed = [j["job_id"] for j in json.loads(r.out).get("jobs", [])]
     assert job in listed, r.describe()
     r = ok(ours("rpc", "controller", "get-job-status", "--job-id", job))
-    assert json.loads(r.out)["job"]["jobId"] == job, r.describe()
+    assert json.loads(r.out)["job"]["job_id"] == job, r.describe()
 
     target = job_id("rpc-launch")
     body = json.dumps({
@@ -762,7 +762,7 @@ def ours_rpc_controller_calls():
     launch = ["rpc", "controller", "launch-job", "--json", body, "--name", target, "--replicas", "2",
               "--max-task-failures", "1"]
     r = ok(ours(*launch))
-    assert json.loads(r.out)["jobId"] == target, r.describe()
+    assert json.loads(r.out)["job_id"] == target, r.describe()
 
     def status():
         return json.loads(ok(ours("rpc", "controller", "get-job-status", "--job-id", target)).out)
@@ -770,15 +770,23 @@ def ours_rpc_controller_calls():
     st = wait_until("the launched job to finish", lambda: (lambda s: s if s["job"]["state"] in (
         "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_KILLED") else None)(status()), timeout=120)
     assert st["job"]["state"] == "JOB_STATE_SUCCEEDED", st
-    assert st["request"]["replicas"] == 2 and st["request"]["maxTaskFailures"] == 1, st["request"]
-    assert st["request"]["entrypoint"]["runCommand"]["argv"] == ["true"], st["request"]
+    assert st["request"]["replicas"] == 2 and st["request"]["max_task_failures"] == 1, st["request"]
+    assert st["request"]["entrypoint"]["run_command"]["argv"] == ["true"], st["request"]
+
+    # Both CLIs print the proto's own field names (snake_case). (Theirs also prints the zero
+    # values its explicit-presence protos carry; ours leaves them out: a subset, issue 19.)
+    mine = json.loads(ok(ours("rpc", "controller", "get-job-status", "--job-id", target)).out)
+    theirs = json.loads(ok(iris("rpc", "controller", "get-job-status", "--job-id", target)).out)
+    for part in ("job", "request"):
+        extra = set(mine[part]) - set(theirs[part])
+        assert not extra and mine[part], (part, sorted(extra), sorted(theirs[part]))
 
     # --fail-if-exists refuses the existing name; --no-fail-if-exists replaces the finished job.
     r = ours(*launch, "--fail-if-exists")
     assert r.rc == 1 and r.err.startswith("error: ") and "(already_exists)" in r.err, r.describe()
     assert "RpcError" not in r.err and "Some(" not in r.err, r.describe()
     r = ok(ours(*launch, "--no-fail-if-exists"))
-    assert json.loads(r.out)["jobId"] == target, r.describe()
+    assert json.loads(r.out)["job_id"] == target, r.describe()
 
     r = ours("rpc", "controller", "get-job-status", "--job-id", job_id("rpc-never-submitted"))
     assert r.rc == 1 and "(not_found)" in r.err and job_id("rpc-never-submitted") in r.err, r.describe()
@@ -1153,7 +1161,7 @@ def process_status_of_a_worker():
     import json
 
     r = ok(ours("rpc", "controller", "list-workers"))
-    worker = json.loads(r.out)["workers"][0]["workerId"]
+    worker = json.loads(r.out)["workers"][0]["worker_id"]
     for who, cli in both_clis():
         r = ok(cli("process", "status", "-t", f"/system/worker/{worker}"))
         assert f"=== /system/worker/{worker} Process Status ===" in r.out, (who, r.describe())

@@ -25,7 +25,7 @@ from gcp_storage_emulator.handlers import buckets, objects
 from gcp_storage_emulator.storage import Storage
 
 LOCK = threading.Lock()
-JSON_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/", "/b/")
+JSON_PREFIXES = ("/storage/", "/upload/", "/download/", "/batch/", "/b/", "/wipe")
 
 
 def http_date(rfc3339):

@@ -19,12 +19,18 @@ pub enum BenchCmd {
     /// Federation: hub-to-peer handoff throughput, and the submit-to-RUNNING latency a handoff
     /// adds (a hub and its peers in-process, null-auth).
     Federation(crate::bench_federation::FederationArgs),
+    /// Federation failure detection: SIGKILL of a peer process until the hub shows it
+    /// unreachable, and its restart until reachable again (median and max over N rounds).
+    FederationDetect(crate::bench_federation_detect::DetectArgs),
     /// `/proxy`: requests per second and the latency it adds over a direct connection, for small
     /// and 1 MiB bodies (controller, worker and upstream in-process).
     Proxy(crate::bench_proxy::ProxyArgs),
     /// Checkpoint time and size for a DB of N finished jobs, and restore time, against a remote
     /// state dir (`s3://…` with AWS_ENDPOINT_URL and friends, `gs://…`, or a path).
     Checkpoint(crate::bench_checkpoint::CheckpointArgs),
+    /// Read paths at scale: `ListJobs` newest 50, `GetJobStatus`, `GetJobState` of 100, RSS and
+    /// DB size with N finished and L live jobs.
+    Reads(crate::bench_reads::ReadsArgs),
 }
 
 #[derive(Args)]
@@ -66,7 +72,9 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     let cmd = match cmd {
         BenchCmd::Memory(a) => return crate::bench_memory::run(a).await,
         BenchCmd::Federation(a) => return crate::bench_federation::run(a).await,
+        BenchCmd::FederationDetect(a) => return crate::bench_federation_detect::run(a).await,
         BenchCmd::Checkpoint(a) => return crate::bench_checkpoint::run(a).await,
+        BenchCmd::Reads(a) => return crate::bench_reads::run(a).await,
         other => other,
     };
     let dir = tempdir()?;
@@ -78,7 +86,11 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::Submit(a) => submit(&url, a).await,
         BenchCmd::Latency(a) => latency(&url, &dir, a).await,
         BenchCmd::Proxy(a) => crate::bench_proxy::run(&url, &dir, a).await,
-        BenchCmd::Memory(_) | BenchCmd::Federation(_) | BenchCmd::Checkpoint(_) => {
+        BenchCmd::Memory(_)
+        | BenchCmd::Federation(_)
+        | BenchCmd::FederationDetect(_)
+        | BenchCmd::Checkpoint(_)
+        | BenchCmd::Reads(_) => {
             unreachable!("handled above")
         }
     };

@@ -27,7 +27,7 @@ pub struct CheckpointArgs {
 
 const SVC: &str = "iris.cluster.ControllerService";
 
-async fn fill(url: &str, jobs: usize, clients: usize) -> anyhow::Result<()> {
+pub(crate) async fn fill(url: &str, jobs: usize, clients: usize) -> anyhow::Result<()> {
     let mut handles = Vec::new();
     for k in 0..clients.max(1) {
         let cl = iris_rpc::Client::new(url)?;

@@ -24,7 +24,7 @@ pub struct MemoryArgs {
 }
 
 /// `VmRSS` and `VmHWM` of `pid`, in KiB.
-fn rss_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
+pub(crate) fn rss_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
     let field = |name: &str| -> anyhow::Result<u64> {
@@ -48,7 +48,7 @@ struct Figures {
     cli_list_all_ms: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
@@ -117,7 +117,7 @@ async fn measure(pid: u32, url: &str, runs: usize) -> anyhow::Result<Figures> {
     })
 }
 
-async fn submit(url: &str, jobs: usize, clients: usize) -> anyhow::Result<f64> {
+pub(crate) async fn submit(url: &str, jobs: usize, clients: usize) -> anyhow::Result<f64> {
     let t = Instant::now();
     let clients = clients.max(1);
     let mut handles = Vec::new();
@@ -143,7 +143,7 @@ async fn submit(url: &str, jobs: usize, clients: usize) -> anyhow::Result<f64> {
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn wait_url(dir: &Path, child: &mut std::process::Child) -> anyhow::Result<String> {
+pub(crate) fn wait_url(dir: &Path, child: &mut std::process::Child) -> anyhow::Result<String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(st) = child.try_wait()? {
@@ -161,17 +161,23 @@ fn wait_url(dir: &Path, child: &mut std::process::Child) -> anyhow::Result<Strin
     }
 }
 
-pub async fn run(a: MemoryArgs) -> anyhow::Result<i32> {
-    let dir = crate::bench::tempdir()?;
-    let mut child = Command::new(std::env::current_exe()?)
+/// `iris cluster controller serve` on `dir` and an ephemeral loopback port, as its own process
+/// (so its memory is measured alone); the caller kills it.
+pub(crate) fn spawn_controller(dir: &Path) -> anyhow::Result<std::process::Child> {
+    Command::new(std::env::current_exe()?)
         .args(["cluster", "controller", "serve", "--state-dir"])
-        .arg(&dir)
+        .arg(dir)
         .args(["--bind", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .context("starting the controller")?;
+        .context("starting the controller")
+}
+
+pub async fn run(a: MemoryArgs) -> anyhow::Result<i32> {
+    let dir = crate::bench::tempdir()?;
+    let mut child = spawn_controller(&dir)?;
     let result = async {
         let url = wait_url(&dir, &mut child)?;
         let pid = child.id();

@@ -18,7 +18,7 @@ pub struct StartArgs {
     /// Where the DB, bundles and logs live (default: a per-user data directory).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
-    /// Controller port (0 = any free port).
+    /// Controller port (0 = `controller.local.port` from --config, else any free port).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
     /// Dashboard port on 127.0.0.1 (0 = any free port).
@@ -41,6 +41,8 @@ pub struct StartArgs {
     /// Accepted for the published CLI's scripts; a local cluster runs this binary as it is.
     #[arg(long, value_parser = ["fast", "release"])]
     pub cargo_profile: Option<String>,
+    #[command(flatten)]
+    pub fed: FederationArgs,
 }
 
 impl StartArgs {
@@ -57,6 +59,7 @@ impl StartArgs {
             fresh: false,
             image_platform: None,
             cargo_profile: None,
+            fed: FederationArgs::default(),
         }
     }
 }
@@ -106,10 +109,25 @@ pub struct ServeArgs {
     /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
     #[arg(long)]
     pub restore_checkpoint: Option<String>,
+    /// Delete finished job trees (tasks, attempts, events, logs) N seconds after they end
+    /// (default 7 days; 0 = keep forever).
+    #[arg(long, default_value_t = 7.0 * 24.0 * 3600.0)]
+    pub job_retention: f64,
+    /// Run the retention sweep every N seconds.
+    #[arg(long, default_value_t = 3600.0)]
+    pub prune_interval: f64,
     /// Time limit in seconds for one `iris query` (ExecuteRawQuery).
     #[arg(long, default_value_t = 10.0)]
     pub query_timeout: f64,
-    /// Seconds between `ListBackends` heartbeats to each federation peer.
+    #[command(flatten)]
+    pub fed: FederationArgs,
+}
+
+/// Federation tuning, shared by `cluster start --local` and `cluster controller serve`.
+#[derive(Args, Clone)]
+pub struct FederationArgs {
+    /// Seconds between `ListBackends` heartbeats to each federation peer (a peer that failed a
+    /// call is probed every second instead until it answers).
     #[arg(long, default_value_t = 30.0)]
     pub federation_heartbeat: f64,
     /// Seconds between sync rounds (deliver, cancel, mirror) with each federation peer.
@@ -118,6 +136,69 @@ pub struct ServeArgs {
     /// At most this many jobs promoted to one peer per control tick.
     #[arg(long, default_value_t = 8)]
     pub max_federation_handoffs_per_cycle: usize,
+}
+
+impl Default for FederationArgs {
+    fn default() -> Self {
+        FederationArgs {
+            federation_heartbeat: 30.0,
+            federation_sync_interval: 3.0,
+            max_federation_handoffs_per_cycle: 8,
+        }
+    }
+}
+
+/// The federation settings of `cfg` (none without one) with `a`'s tuning, validated the same way
+/// for every command that starts a controller.
+fn federation_settings(
+    cfg: Option<&config::ClusterConfig>,
+    a: &FederationArgs,
+) -> anyhow::Result<iris_controller::federation::FederationConfig> {
+    let mut out = match cfg {
+        Some(cfg) => {
+            let f = config::federation(cfg)?;
+            if !f.peers.is_empty() && cfg.auth.as_ref().is_none_or(|a| a.signing_key.is_empty()) {
+                anyhow::bail!("peers: a controller with federation peers needs a persistent auth.signing_key (peers pin its public key); create one with `iris cluster init-keys --out-file F` and set auth.signing_key: file:F");
+            }
+            f
+        }
+        None => Default::default(),
+    };
+    for (flag, v) in [
+        ("--federation-heartbeat", a.federation_heartbeat),
+        ("--federation-sync-interval", a.federation_sync_interval),
+    ] {
+        if !(v > 0.0 && v.is_finite()) {
+            anyhow::bail!("{flag}: must be a positive number of seconds");
+        }
+    }
+    if a.max_federation_handoffs_per_cycle == 0 {
+        anyhow::bail!("--max-federation-handoffs-per-cycle: must be at least 1");
+    }
+    out.heartbeat_interval = Duration::from_secs_f64(a.federation_heartbeat);
+    out.sync_interval = Duration::from_secs_f64(a.federation_sync_interval);
+    out.max_handoffs_per_cycle = a.max_federation_handoffs_per_cycle;
+    Ok(out)
+}
+
+/// `controller.local.port` of a config (`None` when absent or 0), refusing a value that is not a
+/// port rather than ignoring it.
+fn config_port(cfg: &config::ClusterConfig) -> anyhow::Result<Option<u16>> {
+    let Some(v) = cfg
+        .controller
+        .as_ref()
+        .and_then(|c| c.get("local"))
+        .and_then(|l| l.get("port"))
+    else {
+        return Ok(None);
+    };
+    match v.as_u64().and_then(|p| u16::try_from(p).ok()) {
+        Some(0) => Ok(None),
+        Some(p) => Ok(Some(p)),
+        None => anyhow::bail!(
+            "controller.local.port: expected a port number (0-65535, 0 = any free port)"
+        ),
+    }
 }
 
 #[derive(Args)]
@@ -307,9 +388,15 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     }
     let mut ccfg = ControllerConfig::local(state_dir.clone());
     ccfg.fresh = a.fresh;
-    ccfg.bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.port));
+    let port = match a.port {
+        0 => config_port(&cfg)?.unwrap_or(0),
+        p => p,
+    };
+    ccfg.bind = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     ccfg.revision_date = revision_date();
     ccfg.groups = groups.iter().map(capacity).collect();
+    // `peers:` and federation auth exactly as `cluster controller serve` takes them.
+    ccfg.federation = federation_settings(Some(&cfg), &a.fed)?;
     // Local mode rewrites any config for local use (as the reference does): checkpoints go next
     // to the state dir, never to the config's cloud bucket.
     ccfg.remote_state_dir = Some(state_dir.join("remote-state").display().to_string());
@@ -378,6 +465,10 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
         stop.recv().await;
         0
     };
+    // A last checkpoint while the state is quiet, so `cluster start` again restores it.
+    if let Err(e) = ctl.controller.checkpoint_now().await {
+        eprintln!("warning: checkpoint on stop: {e}");
+    }
     for w in workers {
         w.shutdown().await;
     }
@@ -457,6 +548,14 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     ccfg.checkpoint_interval =
         (a.checkpoint_interval > 0.0).then(|| Duration::from_secs_f64(a.checkpoint_interval));
     ccfg.checkpoint_max_age = Duration::from_secs_f64(a.checkpoint_max_age);
+    if !(a.job_retention >= 0.0 && a.job_retention.is_finite()) {
+        anyhow::bail!("--job-retention: must be a number of seconds, 0 or more (0 keeps finished jobs forever)");
+    }
+    if !(a.prune_interval > 0.0 && a.prune_interval.is_finite()) {
+        anyhow::bail!("--prune-interval: must be a positive number of seconds");
+    }
+    ccfg.job_retention = (a.job_retention > 0.0).then(|| Duration::from_secs_f64(a.job_retention));
+    ccfg.prune_interval = Duration::from_secs_f64(a.prune_interval);
     ccfg.restore_checkpoint = a.restore_checkpoint.clone();
     ccfg.remote_state_dir = a.remote_state_dir.clone();
     if let Some(path) = &a.checkpoint_path {
@@ -490,30 +589,11 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
         ccfg.groups = plan_groups(cfg)?.iter().map(capacity).collect();
         ccfg.auth = crate::keys::auth_from_config(cfg)?;
         (ccfg.budget_defaults, ccfg.budget_tiers) = cfg.budgets()?;
-        ccfg.federation = config::federation(cfg)?;
-        if !ccfg.federation.peers.is_empty()
-            && cfg.auth.as_ref().is_none_or(|a| a.signing_key.is_empty())
-        {
-            anyhow::bail!("peers: a controller with federation peers needs a persistent auth.signing_key (peers pin its public key); create one with `iris cluster init-keys --out-file F` and set auth.signing_key: file:F");
-        }
         if ccfg.remote_state_dir.is_none() {
             ccfg.remote_state_dir = cfg.remote_state_dir();
         }
     }
-    for (flag, v) in [
-        ("--federation-heartbeat", a.federation_heartbeat),
-        ("--federation-sync-interval", a.federation_sync_interval),
-    ] {
-        if !(v > 0.0 && v.is_finite()) {
-            anyhow::bail!("{flag}: must be a positive number of seconds");
-        }
-    }
-    if a.max_federation_handoffs_per_cycle == 0 {
-        anyhow::bail!("--max-federation-handoffs-per-cycle: must be at least 1");
-    }
-    ccfg.federation.heartbeat_interval = Duration::from_secs_f64(a.federation_heartbeat);
-    ccfg.federation.sync_interval = Duration::from_secs_f64(a.federation_sync_interval);
-    ccfg.federation.max_handoffs_per_cycle = a.max_federation_handoffs_per_cycle;
+    ccfg.federation = federation_settings(loaded.as_ref(), &a.fed)?;
     let ctl = iris_controller::start(ccfg).await?;
     let url = ctl.url();
     if let Some((settings, kubeconfig, context)) = kube {

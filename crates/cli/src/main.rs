@@ -7,8 +7,10 @@
 mod bench;
 mod bench_checkpoint;
 mod bench_federation;
+mod bench_federation_detect;
 mod bench_memory;
 mod bench_proxy;
+mod bench_reads;
 mod client;
 mod cmd;
 mod config;
@@ -334,6 +336,17 @@ enum TaskCmd {
     },
     Preempt(BulkArgs),
     Fail(BulkArgs),
+    /// Why a pending task waits: every worker with the first placement rule that rules it out
+    /// (or "fits"), computed by the scheduler over the snapshot the control tick uses.
+    Explain {
+        task_id: String,
+        /// Only this worker's verdict.
+        #[arg(long)]
+        worker: Option<String>,
+        /// Print the ExplainTask response as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Wait until a task ends; prints its state and exits 0 only if it succeeded.
     Wait {
         task_id: String,

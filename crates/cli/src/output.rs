@@ -21,7 +21,7 @@ fn fmt_ts(t: Option<&iris_proto::time::Timestamp>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-fn table(headers: &[&str], rows: &[Vec<String>]) {
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {

@@ -155,6 +155,13 @@ pub fn controller_url_of(cfg: &ClusterConfig, path: &Path) -> anyhow::Result<Str
             .filter(|p| *p > 0 && *p <= u16::MAX as u64)
             .unwrap_or(10000) as u16
     };
+    let text = |v: Option<&serde_yaml::Value>, key: &str| {
+        v.and_then(|m| m.get(key))
+            .and_then(|s| s.as_str())
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+    };
     match kind {
         "manual" => {
             let m = section("manual");
@@ -168,13 +175,6 @@ pub fn controller_url_of(cfg: &ClusterConfig, path: &Path) -> anyhow::Result<Str
         "coreweave" => {
             let cw = section("coreweave");
             let platform = cfg.platform.as_ref().and_then(|p| p.get("coreweave"));
-            let text = |v: Option<&serde_yaml::Value>, key: &str| {
-                v.and_then(|m| m.get(key))
-                    .and_then(|s| s.as_str())
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-            };
             let pf = crate::tunnel::PortForward {
                 kubeconfig: text(platform, "kubeconfig_path"),
                 context: text(platform, "kube_context"),
@@ -184,10 +184,27 @@ pub fn controller_url_of(cfg: &ClusterConfig, path: &Path) -> anyhow::Result<Str
             };
             crate::tunnel::open(&pf, std::time::Duration::from_secs(90))
         }
+        "gcp" => {
+            let platform = cfg.platform.as_ref();
+            let ssh = cfg.defaults.as_ref().and_then(|d| d.get("ssh"));
+            let project = text(platform.and_then(|p| p.get("gcp")), "project_id").with_context(|| {
+                format!(
+                    "{}: platform.gcp.project_id is not set; it names the project the controller VM runs in",
+                    path.display()
+                )
+            })?;
+            let t = crate::tunnel::GcpSsh {
+                project,
+                label_prefix: text(platform, "label_prefix").unwrap_or_else(|| "iris".into()),
+                port: port_of(section("gcp")),
+                impersonate: text(ssh, "impersonate_service_account"),
+                key_file: text(ssh, "key_file"),
+            };
+            crate::tunnel::open_gcp(&t, std::time::Duration::from_secs(90))
+        }
         _ => anyhow::bail!(
             "{}: the controller is `{kind}` and the config has no defaults.worker.controller_address; \
-             this build opens port-forwards to Kubernetes controllers (`controller: coreweave`) but no \
-             SSH tunnels to GCP VMs: open one yourself (gcloud compute ssh VM -- -L PORT:localhost:10000) \
+             this build reaches local, manual, coreweave and gcp controllers: open a tunnel yourself \
              and pass --controller-url http://127.0.0.1:PORT",
             path.display()
         ),
@@ -250,7 +267,7 @@ mod tests {
         );
         let c = cfg("controller: {gcp: {zone: x}}\n");
         let e = controller_url_of(&c, p).expect_err("remote").to_string();
-        assert!(e.contains("`gcp`") && e.contains("--controller-url"), "{e}");
+        assert!(e.contains("platform.gcp.project_id"), "{e}");
         let c = cfg("name: my-dev\ncontroller: {local: {port: 0}}\n");
         assert_eq!(cluster_name(&c, p), "my-dev");
         assert_eq!(cluster_name(&cfg("{}"), p), "dev");

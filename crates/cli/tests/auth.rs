@@ -659,7 +659,7 @@ fn a_task_submits_its_child_with_the_token_the_controller_minted() {
         "the child was not created"
     );
     assert_eq!(
-        env.cluster.job_status("/alice/parent/kid")["parentJobId"],
+        env.cluster.job_status("/alice/parent/kid")["parent_job_id"],
         "/alice/parent"
     );
 }

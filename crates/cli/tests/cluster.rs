@@ -122,7 +122,7 @@ fn b02_successful_task_succeeds_the_job() {
     assert_eq!(s["task_state_counts"], json!({"succeeded": 1}));
     assert_eq!(s["tasks"][0]["state"], "succeeded");
     assert_eq!(s["tasks"][0]["exit_code"], 0);
-    assert_eq!(c.job_status("/u/ok")["completedCount"], 1);
+    assert_eq!(c.job_status("/u/ok")["completed_count"], 1);
     let d = c.iris(&["job", "describe", "/u/ok"]);
     let lines: Vec<&str> = d.ok().lines().collect();
     assert_eq!(lines[0], "Job: /u/ok (/u/ok)");
@@ -337,8 +337,8 @@ fn b06_cancel_kills_running_tasks_and_leaves_finished_jobs_alone() {
         assert_eq!(t["error"], "Terminated by user");
     }
     let st = c.job_status("/u/c");
-    assert_eq!(st["completedCount"], 2);
-    assert_eq!(st["preemptionCount"], 2);
+    assert_eq!(st["completed_count"], 2);
+    assert_eq!(st["preemption_count"], 2);
     // The worker got the stop: the processes exit and the attempts are confirmed finished.
     wait_until(SHORT, "task processes to exit", || {
         pids.iter().all(|p| !alive(*p))
@@ -739,7 +739,7 @@ fn b10_replicas_never_overcommit_one_worker() {
         vec!["/u/rep/0", "/u/rep/1", "/u/rep/2"],
         "ordered by index"
     );
-    assert_eq!(c.job_status("/u/rep")["taskCount"], 3);
+    assert_eq!(c.job_status("/u/rep")["task_count"], 3);
 
     c.wait_job("/u/rep", "succeeded");
     // One at a time: each attempt is placed only after the previous one was confirmed finished.
@@ -918,7 +918,7 @@ fn child_jobs_nest_under_the_task_and_cancel_cascades() {
     wait_until(SHORT, "the child job to run", || {
         c.job_state("/u/parent/kid").as_deref() == Some("running")
     });
-    assert_eq!(c.job_status("/u/parent/kid")["parentJobId"], "/u/parent");
+    assert_eq!(c.job_status("/u/parent/kid")["parent_job_id"], "/u/parent");
     let holds = c.open_attempts();
     let kid = holds
         .iter()
@@ -1503,7 +1503,7 @@ fn b16_config_and_cluster_choose_among_local_clusters() {
                 &env,
                 &[sel[0], sel[1], "rpc", "controller", "list-workers"],
             );
-            o.code == 0 && o.stdout.contains("workerId")
+            o.code == 0 && o.stdout.contains("worker_id")
         });
     }
     // Each cluster keeps its state under its own name.
@@ -1633,10 +1633,10 @@ fn b17_wait_since_seconds_exact_cancel_and_profiles() {
     )
     .expect("JSON");
     assert_eq!(
-        v["request"]["containerProfile"], "CONTAINER_PROFILE_RESTRICTED",
+        v["request"]["container_profile"], "CONTAINER_PROFILE_RESTRICTED",
         "{v}"
     );
-    assert_eq!(v["request"]["egressPolicy"], "EGRESS_POLICY_NONE", "{v}");
+    assert_eq!(v["request"]["egress_policy"], "EGRESS_POLICY_NONE", "{v}");
     let o = c.iris(&[
         "job",
         "run",
@@ -1653,4 +1653,137 @@ fn b17_wait_since_seconds_exact_cancel_and_profiles() {
         "{}",
         o.stderr
     );
+}
+
+/// `GET /metrics` (OpenMetrics text): the names an operator scrapes, each moving with the work
+/// the cluster did — submits, placements, task steps, logs, ticks — and the workers' health.
+#[test]
+fn metrics_are_scraped_and_move_with_the_work_done() {
+    let c = TestCluster::start(&[WorkerSpec::cpu(8), WorkerSpec::cpu(8)]);
+    let scrape = || {
+        let (code, _, body) = http_get(&c.url, "/metrics", None);
+        assert_eq!(code, 200, "{body}");
+        body
+    };
+    let value = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let before = scrape();
+    for name in [
+        "iris_tick_duration_seconds",
+        "iris_ticks",
+        "iris_assignments",
+        "iris_preemptions",
+        "iris_pending_tasks",
+        "iris_workers",
+        "iris_rpc_duration_seconds",
+        "iris_rpc_requests",
+        "iris_admission_commit_duration_seconds",
+        "iris_admission_batch_size",
+        "iris_log_bytes",
+        "iris_task_steps",
+        "iris_illegal_transitions",
+    ] {
+        assert!(
+            before.contains(&format!("# TYPE {name} ")),
+            "{name} missing:\n{before}"
+        );
+    }
+    for i in 0..5 {
+        c.submit(
+            &format!("m{i}"),
+            &["--replicas", "2"],
+            &["echo", "hello from metrics"],
+        );
+    }
+    for i in 0..5 {
+        c.wait_job(&format!("/u/m{i}"), "succeeded");
+    }
+    let launched = "iris_rpc_requests_total{method=\"LaunchJob\",code=\"200\"}";
+    let after = wait_for(SHORT, "the log lines to be counted", || {
+        let t = scrape();
+        (value(&t, "iris_log_bytes_total") > value(&before, "iris_log_bytes_total")).then_some(t)
+    });
+    let moved = |series: &str| value(&after, series) - value(&before, series);
+    assert_eq!(moved(launched), 5.0, "{after}");
+    assert!(moved("iris_assignments_total") >= 10.0, "{after}");
+    assert!(
+        moved("iris_task_steps_total{state=\"succeeded\"}") >= 10.0,
+        "{after}"
+    );
+    assert!(moved("iris_ticks_total") >= 1.0, "{after}");
+    assert!(moved("iris_admission_batch_size_sum") >= 5.0, "{after}");
+    assert!(
+        moved("iris_rpc_duration_seconds_count{method=\"LaunchJob\"}") >= 5.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(&after, "iris_workers{state=\"healthy\"}"),
+        2.0,
+        "{after}"
+    );
+    assert_eq!(
+        value(&after, "iris_illegal_transitions_total"),
+        0.0,
+        "{after}"
+    );
+    // An unknown method is one label, however many are tried.
+    for m in ["NoSuchA", "NoSuchB"] {
+        let (code, body) = http_post_json(
+            &c.url,
+            &format!("/iris.cluster.ControllerService/{m}"),
+            "{}",
+        );
+        assert_eq!(code, 501, "{body}");
+    }
+    let t = scrape();
+    assert!(!t.contains("NoSuchA"), "{t}");
+    assert_eq!(
+        value(
+            &t,
+            "iris_rpc_requests_total{method=\"unknown\",code=\"501\"}"
+        ),
+        2.0,
+        "{t}"
+    );
+}
+
+/// Retention: a finished job tree older than `--job-retention` is deleted with its tasks and
+/// logs by the sweep; a running job is kept until it too has finished and aged.
+#[test]
+fn finished_jobs_are_pruned_after_their_retention_and_running_ones_kept() {
+    let c = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(8)],
+        None,
+        &["--job-retention", "1", "--prune-interval", "0.3"],
+    );
+    let done = c.submit("done", &[], &["echo", "a line to prune"]);
+    let live = c.submit("live", &[], &["sleep", "60"]);
+    c.wait_job(&done, "succeeded");
+    c.wait_job(&live, "running");
+    let logs = c.iris(&["job", "logs", &done, "--no-tail"]);
+    assert!(logs.ok().contains("a line to prune"), "{}", logs.stdout);
+    wait_until(SHORT, "the finished job to be pruned", || {
+        c.job_state(&done).is_none()
+    });
+    assert_eq!(c.job_state(&live).as_deref(), Some("running"));
+    let o = c.iris(&["job", "describe", &done]);
+    assert_ne!(o.code, 0, "{}", o.stdout);
+    let (_, _, metrics) = http_get(&c.url, "/metrics", None);
+    assert!(metrics.contains("iris_jobs_pruned_total 1"), "{metrics}");
+    // The pruned job's log lines went with it: a new job of the same name starts clean.
+    let again = c.submit("done", &[], &["echo", "second run"]);
+    c.wait_job(&again, "succeeded");
+    let logs = c.iris(&["job", "logs", &again, "--no-tail"]);
+    let text = logs.ok();
+    assert!(
+        text.contains("second run") && !text.contains("a line to prune"),
+        "{text}"
+    );
+    c.iris(&["job", "cancel", &live]).ok();
+    wait_until(SHORT, "the cancelled job to be pruned too", || {
+        c.job_state(&live).is_none()
+    });
 }

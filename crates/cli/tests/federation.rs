@@ -86,7 +86,7 @@ fn peers(hub: &TestCluster) -> Value {
 fn peer<'a>(v: &'a Value, id: &str) -> &'a Value {
     v["peers"]
         .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["peerId"] == id))
+        .and_then(|ps| ps.iter().find(|p| p["peer_id"] == id))
         .unwrap_or(&Value::Null)
 }
 
@@ -143,15 +143,15 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     // list-peers has the reference's shape.
     let ps = peers(&hub);
     let pa = peer(&ps, "cw-a");
-    assert_eq!(pa["controllerAddress"], a.url.as_str(), "{ps}");
+    assert_eq!(pa["controller_address"], a.url.as_str(), "{ps}");
     let av = &pa["backends"][0]["availability"];
     assert_eq!(av["version"], 3, "{ps}");
     assert!(
-        av["observationEpochMs"].as_str().is_some() || av["observationEpochMs"].is_number(),
+        av["observation_epoch_ms"].as_str().is_some() || av["observation_epoch_ms"].is_number(),
         "{ps}"
     );
     assert_eq!(av["amounts"]["h100"], "8", "{ps}");
-    assert_eq!(av["totalAmounts"]["h100"], "8", "{ps}");
+    assert_eq!(av["total_amounts"]["h100"], "8", "{ps}");
     assert!(
         !peer(&ps, "cw-c")["reachable"].as_bool().unwrap_or(false),
         "{ps}"
@@ -182,7 +182,7 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     assert_eq!(hub.job_status(&gb200)["cluster"], "cw-b");
     assert_eq!(a.job_state(&h100).as_deref(), Some("succeeded"));
     assert_eq!(b.job_state(&gb200).as_deref(), Some("succeeded"));
-    assert_eq!(hub.job_status(&h100)["peerStatus"], "PEER_STATUS_SYNCED");
+    assert_eq!(hub.job_status(&h100)["peer_status"], "PEER_STATUS_SYNCED");
     // Logs of the remote job read through the hub.
     let logs = hub.iris(&["job", "logs", &h100]);
     assert!(
@@ -267,8 +267,9 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     assert!(
         o.code != 0
             && o.stdout.contains("only whole root jobs federate")
-            && o.stdout.contains("--target-cluster"),
-        "{o:?}"
+            && o.stdout.contains("federation peer cw-a")
+            && o.stdout.contains("--target-cluster cw-a"),
+        "the refusal names the peer: {o:?}"
     );
     hub.iris(&["job", "cancel", &parent]).ok();
 
@@ -351,7 +352,7 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     wait_reachable(&hub, "cw-a", false);
     let queued = run(&hub, "while-down", &["--target-cluster", "cw-a"], &["true"]);
     wait_until(LONG, "the unreachable reason", || {
-        hub.job_status(&queued)["pendingReason"]
+        hub.job_status(&queued)["pending_reason"]
             == "Peer cw-a is unreachable; queued until it reconnects"
     });
     a.start_controller_again();
@@ -416,8 +417,8 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
         let ps = peers(&hub);
         let av = &peer(&ps, "cw-a")["backends"][0]["availability"];
         av["amounts"]["h100"].as_str().unwrap_or("0") == "0"
-            && av["heldByBand"][0]["band"] == "PRIORITY_BAND_BATCH"
-            && av["heldByBand"][0]["amounts"]["h100"] == "16"
+            && av["held_by_band"][0]["band"] == "PRIORITY_BAND_BATCH"
+            && av["held_by_band"][0]["amounts"]["h100"] == "16"
     });
 
     // The dashboard's Peers page shows the same picture.
@@ -443,7 +444,7 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
         &["true"],
     );
     wait_until(LONG, "the queued reason", || {
-        hub.job_status(&waits)["pendingReason"]
+        hub.job_status(&waits)["pending_reason"]
             == "Queued for a federation peer to report free capacity"
     });
     // An INTERACTIVE job is promoted against the reclaimable BATCH holdings and cw-a preempts.
@@ -612,4 +613,210 @@ fn a_hub_lists_and_proxies_the_endpoints_of_jobs_on_a_peer() {
         let o = hub.iris(&["endpoints", "list", &name, "--exact"]);
         o.stdout.contains("No endpoints found.").then_some(())
     });
+}
+
+/// Deliveries a peer has received: every `LaunchJob` it answered, whatever the answer (its own
+/// RPC counter on `/metrics`).
+fn launch_jobs_received(peer: &TestCluster) -> u64 {
+    let (code, _, body) = http_get(&peer.url, "/metrics", None);
+    assert_eq!(code, 200, "{body}");
+    body.lines()
+        .filter(|l| l.starts_with("iris_rpc_requests_total{") && l.contains("method=\"LaunchJob\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Issue 19, acceptance 3: `cluster start --local --config` of a hub config federates with its
+/// peers (as `cluster controller serve` does), listens on `controller.local.port`, and on
+/// SIGTERM checkpoints, stops its workers' tasks and removes its recorded address.
+#[test]
+fn cluster_start_local_with_a_hub_config_federates_and_stops_cleanly_on_sigterm() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (hub_key, hub_pub) = init_keys(keys.path(), "hub");
+    let (b_key, _) = init_keys(keys.path(), "cw-b");
+    let b = TestCluster::start_with_config(
+        &[WorkerSpec::cpu(4).device("gpu:H100:8")],
+        Some(&peer_yaml("cw-b", &b_key, ("hub", &hub_pub), "['*']")),
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let yaml = format!(
+        "{}controller:\n  local:\n    port: {port}\nscale_groups:\n  cpu:\n    num_vms: 1\n    resources: {{cpu: 2, ram: 4GB, disk: 10GB, device_type: cpu, device_variant: cpu, capacity_type: on-demand}}\n",
+        hub_yaml(&hub_key, &[("cw-b", &b.url)])
+    );
+    let mut hub = TestCluster::start_local_with_args(&yaml, 1, &hub_args());
+    assert_eq!(hub.url, format!("http://127.0.0.1:{port}"));
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    wait_reachable(&hub, "cw-b", true);
+
+    // A GPU job the hub's CPU worker cannot run is routed to the peer and succeeds there.
+    let gpu = run(
+        &hub,
+        "gpu",
+        &["--enable-extra-resources", "--gpu", "H100x1"],
+        &["true"],
+    );
+    wait_state(&hub, &gpu, "succeeded");
+    assert_eq!(hub.job_status(&gpu)["cluster"], "cw-b");
+    assert_eq!(b.job_state(&gpu).as_deref(), Some("succeeded"));
+
+    // A long task on the hub's own worker, whose pid we can check after the stop.
+    let pid_file = hub.path("task.pid");
+    let local = run(
+        &hub,
+        "sleeper",
+        &[],
+        &[
+            "sh",
+            "-c",
+            &format!("echo $$ > {}; exec sleep 600", pid_file.display()),
+        ],
+    );
+    wait_state(&hub, &local, "running");
+    let pid: u32 = wait_for(LONG, "the task to record its pid", || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    });
+    assert!(common::alive(pid));
+
+    let st = hub.terminate_controller(LONG);
+    assert!(st.success(), "exit status on SIGTERM: {st}");
+    assert!(
+        !hub.state_dir.join("controller.url").exists(),
+        "the recorded URL is removed"
+    );
+    wait_until(LONG, "the hub's task to be stopped with its worker", || {
+        !common::alive(pid)
+    });
+    let checkpoints = std::fs::read_dir(hub.state_dir.join("remote-state/controller-state"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(checkpoints > 0, "a checkpoint is taken on the way out");
+}
+
+/// Issue 19, acceptance 4: a job pinned to a peer none of whose workers can host it shows the
+/// peer's own reason on the hub, is offered again only after an exponential backoff (counted on
+/// the peer), and ends UNSCHEDULABLE with that reason after its scheduling timeout.
+#[test]
+fn a_job_the_peer_cannot_host_shows_its_reason_backs_off_and_ends_unschedulable() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (hub_key, hub_pub) = init_keys(keys.path(), "hub");
+    let (b_key, _) = init_keys(keys.path(), "cw-b");
+    let b = TestCluster::start_with_config(
+        &[WorkerSpec::cpu(4)],
+        Some(&peer_yaml("cw-b", &b_key, ("hub", &hub_pub), "['*']")),
+    );
+    let mut hub = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(2)],
+        Some(&hub_yaml(&hub_key, &[("cw-b", &b.url)])),
+        &hub_args(),
+    );
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    wait_reachable(&hub, "cw-b", true);
+    assert_eq!(launch_jobs_received(&b), 0);
+
+    let submitted = std::time::Instant::now();
+    let big = run(
+        &hub,
+        "big",
+        &["--target-cluster", "cw-b", "--cpu", "8"],
+        &["true"],
+    );
+    let reason = wait_for(LONG, "the peer's reason on the hub", || {
+        let j = hub.job_status(&big);
+        let r = j["pending_reason"].as_str().unwrap_or("").to_string();
+        r.contains("no worker has 8000m cpu").then_some(r)
+    });
+    assert!(
+        reason.contains("cw-b"),
+        "the reason names the peer: {reason}"
+    );
+    assert_eq!(hub.summary(&big)["state"], "pending");
+    // Without a backoff the 0.2 s sync rounds would offer it ~5 times a second. With it, the
+    // n-th offer comes at least 2+4+…+2^(n-1) s after the first: within `e` seconds there are
+    // at most 1 + log2(e/2 + 1) offers (a slow machine only makes fewer); one spare.
+    std::thread::sleep(Duration::from_secs(7));
+    let offers = launch_jobs_received(&b);
+    let e = submitted.elapsed().as_secs_f64();
+    let allowed = 2 + (e / 2.0 + 1.0).log2().floor() as u64;
+    assert!(
+        (1..=allowed).contains(&offers),
+        "{offers} offers in {e:.1} s (at most {allowed} with the backoff)"
+    );
+    assert!(
+        b.job_state(&big).is_none(),
+        "the peer never took the job it cannot host"
+    );
+
+    // A job the peer accepts but cannot start yet (its one worker is busy) shows the peer's own
+    // pending reason, not just "Pending on peer".
+    let hog = run(
+        &hub,
+        "hog",
+        &["--target-cluster", "cw-b", "--cpu", "4"],
+        &["sleep", "600"],
+    );
+    wait_until(LONG, "the hog to run on the peer", || {
+        b.job_state(&hog).as_deref() == Some("running")
+    });
+    let waiter = run(
+        &hub,
+        "waiter",
+        &["--target-cluster", "cw-b", "--cpu", "4"],
+        &["true"],
+    );
+    let on_peer = wait_for(LONG, "the peer's own pending reason", || {
+        let r = b.job_status(&waiter)["pending_reason"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        (!r.is_empty()).then_some(r)
+    });
+    let mirrored = wait_for(
+        LONG,
+        "the peer's pending reason mirrored on the hub",
+        || {
+            let r = hub.job_status(&waiter)["pending_reason"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            r.strip_prefix("Pending on peer cw-b: ")
+                .filter(|w| !w.is_empty())
+                .map(str::to_string)
+        },
+    );
+    assert!(
+        on_peer.contains(&mirrored) || mirrored.contains(&on_peer),
+        "hub shows {mirrored:?}, the peer says {on_peer:?}"
+    );
+    hub.iris(&["job", "cancel", &hog]).ok();
+    hub.iris(&["job", "cancel", &waiter]).ok();
+
+    // With a scheduling timeout the job ends UNSCHEDULABLE, carrying the peer's reason.
+    let req = serde_json::json!({
+        "name": "/alice/big-timed",
+        "entrypoint": {"runCommand": {"argv": ["true"]}},
+        "replicas": 1,
+        "resources": {"cpuMillicores": 8000, "memoryBytes": "1073741824"},
+        "constraints": [{"key": "cluster", "value": {"stringValue": "cw-b"}}],
+        "schedulingTimeout": {"milliseconds": "4000"},
+    });
+    hub.iris(&[
+        "rpc",
+        "controller",
+        "launch-job",
+        "--json",
+        &req.to_string(),
+    ])
+    .ok();
+    hub.wait_job("/alice/big-timed", "unschedulable");
+    let s = hub.job_status("/alice/big-timed");
+    let err = s["error"].as_str().unwrap_or("");
+    assert!(
+        err.contains("cw-b") && err.contains("no worker has 8000m cpu"),
+        "{s}"
+    );
 }

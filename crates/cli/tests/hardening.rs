@@ -212,6 +212,7 @@ fn malformed_requests_get_connect_errors_and_the_controller_stays_up() {
             v["message"].as_str().is_some_and(|m| !m.is_empty()),
             "{name}: no message: {v}"
         );
+        assert_no_debug_text(name, v["message"].as_str().unwrap_or(""));
         if let Some(want) = case["expect_code"].as_str() {
             assert_eq!(code, want, "{name}: {v}");
         }
@@ -236,6 +237,122 @@ fn malformed_requests_get_connect_errors_and_the_controller_stays_up() {
     assert_eq!(c.job_count(), 0);
     c.submit("after", &[], &["true"]);
     c.wait_job("/u/after", "succeeded");
+}
+
+/// User-facing text carries no Rust `Debug` output: no enum wrappers (`Str("gpu")`,
+/// `Some(..)`), no struct dumps (`Foo { field: .. }`), no escaped quotes from a debug-printed
+/// string inside another.
+#[track_caller]
+fn assert_no_debug_text(case: &str, text: &str) {
+    for leak in [
+        "Str(", "Some(", "None)", "Int(", "Float(", "Ok(", "Err(", "\\\"", "{:?}",
+    ] {
+        assert!(
+            !text.contains(leak),
+            "{case}: debug formatting ({leak}) in user-facing text: {text}"
+        );
+    }
+    let struct_dump = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(3)
+        .any(|w| {
+            w[0].chars().next().is_some_and(|c| c.is_ascii_uppercase())
+                && w[0].chars().all(|c| c.is_ascii_alphanumeric())
+                && w[1] == "{"
+                && w[2].ends_with(':')
+        });
+    assert!(
+        !struct_dump,
+        "{case}: a struct dump in user-facing text: {text}"
+    );
+}
+
+/// Issue 19 (messages): bad input through the API and the CLI is answered in words, never with
+/// `Debug` output — constraints of every kind, resources, names, pins.
+#[test]
+fn bad_input_is_answered_without_debug_formatting() {
+    // The check itself catches the leak the issue reports, and a struct dump.
+    for leak in [
+        r#"constraints: device-type Eq "Str(\"gpu\")""#,
+        "bad spec: Resources { cpu: 1 }",
+    ] {
+        let caught = std::panic::catch_unwind(|| assert_no_debug_text("self-check", leak));
+        assert!(caught.is_err(), "not caught: {leak}");
+    }
+    let c = TestCluster::start(&[WorkerSpec::cpu(2)]);
+    let argv = serde_json::json!({"runCommand": {"argv": ["true"]}});
+    let sv = |s: &str| serde_json::json!({"stringValue": s});
+    let bad_requests = [
+        (
+            "gt-on-a-string",
+            serde_json::json!([{"key": "gpu", "op": "CONSTRAINT_OP_GT", "value": sv("gpu")}]),
+        ),
+        (
+            "eq-unknown-attribute",
+            serde_json::json!([{"key": "device-type", "op": "CONSTRAINT_OP_EQ", "value": sv("gpu")}]),
+        ),
+        (
+            "in-without-values",
+            serde_json::json!([{"key": "zone", "op": "CONSTRAINT_OP_IN"}]),
+        ),
+        (
+            "eq-without-value",
+            serde_json::json!([{"key": "zone", "op": "CONSTRAINT_OP_EQ"}]),
+        ),
+        (
+            "empty-key",
+            serde_json::json!([{"key": " ", "op": "CONSTRAINT_OP_EXISTS"}]),
+        ),
+        (
+            "pin-unknown-cluster",
+            serde_json::json!([{"key": "cluster", "op": "CONSTRAINT_OP_EQ", "value": sv("nowhere")}]),
+        ),
+        (
+            "in-mixed",
+            serde_json::json!([{"key": "zone", "op": "CONSTRAINT_OP_IN", "values": [sv("a"), {"intValue": "3"}]}]),
+        ),
+    ];
+    let mut refused = 0;
+    for (name, constraints) in bad_requests {
+        let req = serde_json::json!({
+            "name": format!("/u/{name}"),
+            "entrypoint": argv,
+            "replicas": 1,
+            "resources": {"cpuMillicores": 1000, "memoryBytes": "1073741824"},
+            "constraints": constraints,
+        });
+        let o = c.iris(&[
+            "rpc",
+            "controller",
+            "launch-job",
+            "--json",
+            &req.to_string(),
+        ]);
+        assert_no_debug_text(name, &o.stdout);
+        assert_no_debug_text(name, &o.stderr);
+        refused += usize::from(o.code != 0);
+    }
+    assert!(refused >= 5, "most of these are refused ({refused})");
+    let cli_cases: [&[&str]; 8] = [
+        &["job", "run", "--cpu", "-1", "--", "true"],
+        &["job", "run", "--memory", "1XB", "--", "true"],
+        &["job", "run", "--gpu", "x0", "--", "true"],
+        &["job", "run", "--constraint", "zone", "--", "true"],
+        &["job", "run", "--target-cluster", "nowhere", "--", "true"],
+        &["job", "run", "--cpu", "64", "--", "true"],
+        &["job", "logs", "not-a-job"],
+        &["task", "describe", "/u/none/x"],
+    ];
+    let mut refused = 0;
+    for args in cli_cases {
+        let o = c.iris(args);
+        let name = args.join(" ");
+        refused += usize::from(o.code != 0);
+        assert_no_debug_text(&name, &o.stdout);
+        assert_no_debug_text(&name, &o.stderr);
+    }
+    assert!(refused >= 6, "most of these are refused ({refused})");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -164,12 +164,12 @@ fn pods_kueue_and_lifecycle() {
     let v: Value = serde_json::from_str(o.ok()).expect("json");
     let h100 = v["backends"]
         .as_array()
-        .and_then(|bs| bs.iter().find(|b| b["backendId"] == "k8s-h100"))
+        .and_then(|bs| bs.iter().find(|b| b["backend_id"] == "k8s-h100"))
         .cloned()
         .unwrap_or(Value::Null);
     assert_eq!(h100["kind"], "kubernetes", "{v}");
-    assert_eq!(h100["availability"]["totalAmounts"]["h100"], "16", "{v}");
-    assert_eq!(h100["detail"]["kubernetes"]["totalNodes"], 3, "{v}");
+    assert_eq!(h100["availability"]["total_amounts"]["h100"], "16", "{v}");
+    assert_eq!(h100["detail"]["kubernetes"]["total_nodes"], 3, "{v}");
     // The dashboard's Backends page shows the Kubernetes backends and nodes, and the Workers
     // page leaves the pseudo workers out.
     let dash = c.dashboard_url();

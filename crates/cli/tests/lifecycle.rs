@@ -310,7 +310,7 @@ fn a_reserving_job_waits_until_its_accelerator_can_be_found_in_the_region() {
     );
     let reason = wait_for(MINUTE, "a pending reason", || {
         let s = c.job_status(&west);
-        let r = s["pendingReason"].as_str().unwrap_or("").to_string();
+        let r = s["pending_reason"].as_str().unwrap_or("").to_string();
         (!r.is_empty()).then_some(r)
     });
     assert!(reason.contains("availability:h100"), "{reason}");
@@ -335,14 +335,22 @@ fn a_reserving_job_waits_until_its_accelerator_can_be_found_in_the_region() {
     assert!(bad.stderr.contains("--reserve"), "{}", bad.stderr);
 }
 
-/// A stand-in for `kubectl port-forward`: records its arguments, then forwards the local port
-/// it was given to the address in `$FAKE_TARGET_FILE` (the test's controller) until killed.
+/// A stand-in for `kubectl port-forward` and for gcloud (`compute instances list` answers one
+/// running controller VM; `compute ssh ... -L 127.0.0.1:LOCAL:localhost:PORT`): records its
+/// arguments, then forwards the local port it was given to the address in `$FAKE_TARGET_FILE`
+/// (the test's controller) until killed.
 const FAKE_KUBECTL: &str = r#"#!/usr/bin/env python3
-import os, socket, sys, threading
+import json, os, socket, sys, threading
 open(os.environ["FAKE_ARGS_FILE"], "a").write(" ".join(sys.argv[1:]) + "\n")
 args = sys.argv[1:]
-i = args.index("port-forward")
-local, remote = args[i + 2].split(":")
+if "instances" in args:
+    print(json.dumps([{"name": "iris-ctl", "status": "RUNNING",
+                       "zone": "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-a"}]))
+    sys.exit(0)
+if "port-forward" in args:
+    local = args[args.index("port-forward") + 2].split(":")[0]
+else:
+    local = args[args.index("-L") + 1].split(":")[1]
 host, port = open(os.environ["FAKE_TARGET_FILE"]).read().strip().rsplit(":", 1)
 srv = socket.create_server(("127.0.0.1", int(local)))
 def pipe(a, b):
@@ -430,6 +438,99 @@ fn a_coreweave_config_is_reached_through_a_kubectl_port_forward() {
     assert_ne!(out.code, 0);
     assert!(
         out.stderr.contains("not found") && out.stderr.contains("namespace research"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_gcp_config_is_reached_through_a_gcloud_ssh_tunnel_to_the_labelled_vm() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = TestCluster::start(&[WorkerSpec::cpu(2)]);
+    let job = c.submit("through-ssh", &[], &["true"]);
+    c.wait_job(&job, "succeeded");
+    let dir = tempfile::tempdir().expect("dir");
+    let gcloud = dir.path().join("gcloud");
+    std::fs::write(&gcloud, FAKE_KUBECTL).expect("write");
+    std::fs::set_permissions(&gcloud, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let target = dir.path().join("target");
+    std::fs::write(&target, c.url.trim_start_matches("http://")).expect("write");
+    let args_file = dir.path().join("args");
+    let key = dir.path().join("gce-key");
+    let cfg = dir.path().join("gcp.yaml");
+    let yaml = |key_file: &Path| {
+        format!(
+            "name: gcp-test\nplatform:\n  label_prefix: marin\n  gcp:\n    project_id: hai-test\n    zones: [us-central1-a]\n\
+             defaults:\n  ssh:\n    key_file: {}\ncontroller:\n  gcp:\n    zone: us-central1-a\n    port: 10000\n",
+            key_file.display()
+        )
+    };
+    std::fs::write(&cfg, yaml(&key)).expect("config");
+    let envs: [(&str, &Path); 3] = [
+        ("IRIS_GCLOUD", &gcloud),
+        ("FAKE_TARGET_FILE", &target),
+        ("FAKE_ARGS_FILE", &args_file),
+    ];
+    // No SSH key: refused before gcloud runs (it would wait at a prompt).
+    let out = iris_in(
+        dir.path(),
+        &envs,
+        &["--config", &cfg.to_string_lossy(), "job", "list"],
+    );
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr.contains("no SSH key") && out.stderr.contains("key_file"),
+        "{}",
+        out.stderr
+    );
+    assert!(!args_file.exists(), "gcloud ran without a key");
+    std::fs::write(&key, "fake key").expect("key");
+    let out = iris_in(
+        dir.path(),
+        &envs,
+        &["--config", &cfg.to_string_lossy(), "job", "list"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.contains("through-ssh"), "{}", out.stdout);
+    let args = std::fs::read_to_string(&args_file).expect("gcloud ran");
+    let lines: Vec<&str> = args.lines().collect();
+    assert_eq!(lines.len(), 2, "{args}");
+    assert!(
+        lines[0].starts_with("compute instances list --project=hai-test --filter=labels.iris-marin-controller=true AND status=RUNNING"),
+        "{args}"
+    );
+    assert!(
+        lines[1].starts_with("compute ssh iris-ctl --project=hai-test --zone=us-central1-a")
+            && lines[1].contains(" -- -L 127.0.0.1:")
+            && lines[1].contains(":localhost:10000 -N"),
+        "{args}"
+    );
+    // The tunnel lives only as long as the command.
+    let local = lines[1]
+        .split_whitespace()
+        .find(|a| a.starts_with("127.0.0.1:"))
+        .and_then(|a| a.split(':').nth(1))
+        .expect("port");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{local}").parse().expect("addr");
+    wait_until(
+        Duration::from_secs(10),
+        "the ssh tunnel to be closed",
+        || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err(),
+    );
+    // No controller VM running: said with the label and project.
+    let none = dir.path().join("gcloud-none");
+    std::fs::write(&none, "#!/bin/sh\necho '[]'\n").expect("write");
+    std::fs::set_permissions(&none, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = iris_in(
+        dir.path(),
+        &[("IRIS_GCLOUD", &none)],
+        &["--config", &cfg.to_string_lossy(), "job", "list"],
+    );
+    assert_ne!(out.code, 0);
+    assert!(
+        out.stderr
+            .contains("no running controller VM in project hai-test")
+            && out.stderr.contains("iris-marin-controller=true"),
         "{}",
         out.stderr
     );

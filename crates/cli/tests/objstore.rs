@@ -116,6 +116,29 @@ impl Server {
         assert_eq!(st, 200, "creating bucket {name}: {body}");
     }
 
+    /// Drops every bucket and object (moto's reset).
+    fn s3_drop_buckets(&self) {
+        let (st, body) = http(&self.url, "POST", "/moto-api/reset");
+        assert_eq!(st, 200, "{body}");
+    }
+
+    /// Drops every bucket and object (the emulator's wipe).
+    fn gcs_drop_buckets(&self) {
+        let (st, body) = http(&self.url, "GET", "/wipe");
+        assert_eq!(st, 200, "{body}");
+    }
+
+    /// Creates a bucket through the GCS JSON API.
+    fn gcs_create_bucket(&self, name: &str) {
+        let (st, body) = http_with(
+            &self.url,
+            "POST",
+            "/storage/v1/b?project=test",
+            &serde_json::json!({ "name": name }).to_string(),
+        );
+        assert_eq!(st, 200, "creating bucket {name}: {body}");
+    }
+
     fn signal(&self, sig: &str) {
         let st = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
@@ -127,13 +150,19 @@ impl Server {
 
 /// A bodiless HTTP/1.1 request; returns the status and body.
 fn http(url: &str, method: &str, path: &str) -> (u16, String) {
+    http_with(url, method, path, "")
+}
+
+/// An HTTP/1.1 request with `body` (sent as JSON); returns the status and body.
+fn http_with(url: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let hostport = url.trim_start_matches("http://").trim_end_matches('/');
     let mut s = TcpStream::connect(hostport).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     )
     .expect("send");
     let mut resp = String::new();
@@ -441,44 +470,184 @@ fn status(c: &TestCluster) -> iris_proto::inspect::GetCheckpointStatusResponse {
 
 /// A bucket that is gone: the checkpoint fails with the reason in the CLI, the log and
 /// GetCheckpointStatus; the controller keeps serving and the previous checkpoint stays newest.
-#[test]
-fn s3_missing_bucket_is_reported_and_the_controller_keeps_serving() {
-    let _env = env_lock();
-    let s3 = Server::moto();
-    s3_env(&s3.url, &[]);
-    let url = "s3://iris/p";
+/// `drop_buckets` removes the bucket; `recreate` brings it back (empty).
+fn missing_bucket_cycle(url: &str, drop_buckets: impl Fn(), recreate: impl Fn()) {
     let r = Remote::new(url);
     let c =
         TestCluster::start_with_args(&[WorkerSpec::cpu(16)], None, &["--remote-state-dir", url]);
     c.submit("a", &[], &["echo", "a"]);
     c.wait_job("/u/a", "succeeded");
     let cp1 = checkpoint(&c, &r);
-    // moto's reset drops every bucket.
-    let (st, body) = http(&s3.url, "POST", "/moto-api/reset");
-    assert_eq!(st, 200, "{body}");
+    drop_buckets();
     let o = c.iris(&["cluster", "controller", "checkpoint"]);
     assert_ne!(o.code, 0);
     let err = o.err();
     assert!(
-        err.contains("checkpoint to s3://iris/p failed") && err.contains("previous checkpoint"),
+        err.contains(&format!("checkpoint to {url} failed")) && err.contains("previous checkpoint"),
         "{err}"
     );
     let st = status(&c);
-    assert!(st.last_error.contains("s3://iris/p"), "{st:?}");
+    assert!(st.last_error.contains(url), "{st:?}");
     assert!(st.last_error_epoch_ms.is_some());
     assert_eq!(st.last_checkpoint_epoch_ms, Some(cp1));
     assert_eq!(st.remote_state_dir, url);
     assert!(controller_log(&c).contains("checkpoint failed"));
+    // So do `process logs` (the controller's own log, through the RPC) and `cluster status`.
+    let o = c.iris(&[
+        "process",
+        "logs",
+        "--level",
+        "ERROR",
+        "--substring",
+        "checkpoint failed",
+    ]);
+    let logs = o.ok();
+    assert!(
+        logs.contains(url) && logs.contains("NoSuchBucket"),
+        "{logs}"
+    );
+    let o = c.iris(&["cluster", "status"]);
+    let out = o.ok();
+    assert!(
+        out.contains(&format!("Checkpoints: {url}")) && out.contains("Last failure ("),
+        "{out}"
+    );
     // Still serving.
     c.submit("b", &[], &["echo", "b"]);
     c.wait_job("/u/b", "succeeded");
     // The bucket is back: the next checkpoint succeeds and clears the error.
-    s3.create_bucket("iris");
+    recreate();
     let cp2 = checkpoint(&c, &r);
     assert!(cp2 > cp1);
     let st = status(&c);
     assert_eq!(st.last_error, "");
     assert_eq!(st.last_error_epoch_ms, None);
+}
+
+#[test]
+fn s3_missing_bucket_is_reported_and_the_controller_keeps_serving() {
+    let _env = env_lock();
+    let s3 = Server::moto();
+    s3_env(&s3.url, &[]);
+    missing_bucket_cycle(
+        "s3://iris/p",
+        || s3.s3_drop_buckets(),
+        || s3.create_bucket("iris"),
+    );
+}
+
+#[test]
+fn gcs_missing_bucket_is_reported_and_the_controller_keeps_serving() {
+    let _env = env_lock();
+    let gcs = Server::gcs();
+    let dir = tempfile::tempdir().expect("dir");
+    gcs_env(dir.path(), &gcs.url);
+    missing_bucket_cycle(
+        "gs://iris/p",
+        || gcs.gcs_drop_buckets(),
+        || gcs.gcs_create_bucket("iris"),
+    );
+}
+
+/// Credentials the store refuses (moto checks them once its auth is switched on, and knows no
+/// key): the checkpoint fails naming the refusal, the controller keeps serving, the previous
+/// checkpoint stays the newest, and a restart with the same store still starts from the local DB.
+#[test]
+fn s3_wrong_credentials_are_reported_and_the_controller_keeps_serving() {
+    let _env = env_lock();
+    let s3 = Server::moto();
+    s3_env(&s3.url, &[]);
+    let url = "s3://iris/creds";
+    let r = Remote::new(url);
+    let mut c =
+        TestCluster::start_with_args(&[WorkerSpec::cpu(16)], None, &["--remote-state-dir", url]);
+    c.submit("a", &[], &["echo", "a"]);
+    c.wait_job("/u/a", "succeeded");
+    let cp1 = checkpoint(&c, &r);
+    // From now on every request must be signed by a key moto's IAM knows; ours is unknown.
+    let (st, body) = http_with(&s3.url, "POST", "/moto-api/reset-auth", "0");
+    assert_eq!(st, 200, "{body}");
+    let o = c.iris(&["cluster", "controller", "checkpoint"]);
+    assert_ne!(o.code, 0);
+    let err = o.err();
+    assert!(
+        err.contains(&format!("checkpoint to {url} failed")),
+        "{err}"
+    );
+    let st = status(&c);
+    assert!(
+        st.last_error.contains("InvalidAccessKeyId") || st.last_error.contains("403"),
+        "the store's refusal is named: {st:?}"
+    );
+    assert_eq!(st.last_checkpoint_epoch_ms, Some(cp1));
+    c.submit("b", &[], &["echo", "b"]);
+    c.wait_job("/u/b", "succeeded");
+    // A restart reads the rollout record first; refused, it starts from its own DB and says so.
+    c.restart_controller();
+    assert!(job_ids(&c).contains(&"/u/b".to_string()));
+    let st = status(&c);
+    assert!(
+        st.startup_notes
+            .iter()
+            .any(|n| n.contains("could not be read at start") && n.contains(url)),
+        "{st:?}"
+    );
+    let (st, body) = http_with(&s3.url, "POST", "/moto-api/reset-auth", "inf");
+    assert_eq!(st, 200, "{body}");
+    assert!(checkpoint(&c, &r) > cp1);
+}
+
+/// A store that is down when the controller starts: with a local DB the controller serves from
+/// it and reports the store in GetCheckpointStatus and `cluster status`; with no local DB it
+/// refuses to start (starting empty would hide every job), naming the store and `--fresh`.
+#[test]
+fn s3_down_at_start_serves_from_the_local_db_and_refuses_without_one() {
+    let _env = env_lock();
+    let s3 = Server::moto();
+    s3_env(&s3.url, &[("AWS_TIMEOUT", "2s")]);
+    let url = "s3://iris/down";
+    let r = Remote::new(url);
+    let mut c =
+        TestCluster::start_with_args(&[WorkerSpec::cpu(16)], None, &["--remote-state-dir", url]);
+    c.submit("a", &[], &["echo", "a"]);
+    c.wait_job("/u/a", "succeeded");
+    checkpoint(&c, &r);
+    drop(s3);
+    c.restart_controller();
+    assert!(job_ids(&c).contains(&"/u/a".to_string()));
+    let st = status(&c);
+    assert!(
+        st.startup_notes
+            .iter()
+            .any(|n| n.contains("could not be read at start")),
+        "{st:?}"
+    );
+    let o = c.iris(&["cluster", "status"]);
+    let out = o.ok();
+    assert!(out.contains("At start: the remote state dir"), "{out}");
+    c.submit("b", &[], &["echo", "b"]);
+    c.wait_job("/u/b", "succeeded");
+
+    c.kill_controller();
+    delete_local_db(&c);
+    let o = Command::new(IRIS)
+        .args(["cluster", "controller", "serve", "--state-dir"])
+        .arg(&c.state_dir)
+        .args(["--bind", "127.0.0.1:0", "--remote-state-dir", url])
+        .env_remove("IRIS_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("serve");
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(url) && err.contains("no local DB") && err.contains("--fresh"),
+        "{err}"
+    );
+    assert!(
+        !c.state_dir.join("controller.sqlite3").exists(),
+        "a refused start created no empty DB"
+    );
 }
 
 /// A TCP proxy in front of the S3 server. Once armed, the first `PUT` of a checkpoint's data
@@ -651,7 +820,19 @@ fn s3_truncated_checkpoints_are_skipped_at_restore() {
     let _env = env_lock();
     let s3 = Server::moto();
     s3_env(&s3.url, &[]);
-    let url = "s3://iris/p";
+    truncated_cycle("s3://iris/p");
+}
+
+#[test]
+fn gcs_truncated_checkpoints_are_skipped_at_restore() {
+    let _env = env_lock();
+    let gcs = Server::gcs();
+    let dir = tempfile::tempdir().expect("dir");
+    gcs_env(dir.path(), &gcs.url);
+    truncated_cycle("gs://iris/p");
+}
+
+fn truncated_cycle(url: &str) {
     let r = Remote::new(url);
     let mut c =
         TestCluster::start_with_args(&[WorkerSpec::cpu(16)], None, &["--remote-state-dir", url]);
@@ -683,6 +864,9 @@ fn s3_truncated_checkpoints_are_skipped_at_restore() {
         .lines()
         .find(|l| l.contains("skipped unusable checkpoint"))
         .unwrap_or_else(|| panic!("no skip message in the controller log:\n{log}"));
+    let st = status(&c);
+    assert_eq!(st.restored_checkpoint_epoch_ms, Some(cp1));
+    assert_eq!(st.startup_notes.len(), 1, "{st:?}");
     for needle in [
         loc(cp3),
         loc(cp2),
@@ -690,6 +874,10 @@ fn s3_truncated_checkpoints_are_skipped_at_restore() {
         "truncated or damaged".to_string(),
     ] {
         assert!(line.contains(&needle), "{needle} not in: {line}");
+        assert!(
+            st.startup_notes[0].contains(&needle),
+            "{needle} not in GetCheckpointStatus: {st:?}"
+        );
     }
     // Named, a bad checkpoint is an error at start, not a substitution.
     c.kill_controller();

@@ -258,6 +258,8 @@ impl Controller {
     /// Admits a batch of validated submissions in one transaction (group commit): each gets a
     /// savepoint, so one refusal never affects another; all are acknowledged only after commit.
     pub(crate) fn admit_batch(&self, batch: Vec<crate::Admission>) {
+        let started = std::time::Instant::now();
+        let size = batch.len();
         let mut conn = self.db();
         let workers = self.feasibility_workers(&*conn);
         let prepared = match workers {
@@ -292,6 +294,7 @@ impl Controller {
             results.push((a.reply, r));
         }
         let committed = tx.commit().map_err(|e| Error::from(e).to_wire());
+        self.metrics.admission_batch(size, started.elapsed());
         let mut any = false;
         for (reply, r) in results {
             let r = match (&committed, r) {

@@ -23,7 +23,7 @@
 
 #[path = "checkpoint_remote.rs"]
 mod remote;
-pub use remote::{RemoteStore, MAX_RETRIES, RETRY_TIMEOUT};
+pub use remote::{error_text, RemoteStore, MAX_RETRIES, RETRY_TIMEOUT};
 
 use crate::ControllerConfig;
 use anyhow::{bail, Context};
@@ -66,11 +66,15 @@ pub struct Manifest {
     pub created_at_ms: i64,
 }
 
-/// The last checkpoint attempt's failure, for `GetCheckpointStatus`.
+/// The last checkpoint attempt's failure and what happened at start, for `GetCheckpointStatus`.
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     /// When it failed, and why.
     pub last_error: Option<(i64, String)>,
+    /// The checkpoint this run restored at start.
+    pub restored: Option<i64>,
+    /// Skipped checkpoints and an unreachable store at start ([`Prepared::notes`]).
+    pub startup_notes: Vec<String>,
 }
 
 /// Phase of a controller rollout.
@@ -185,7 +189,7 @@ pub async fn take(
     .await;
     if let Err(e) = written {
         if let Err(d) = remote.delete_dir(&dir).await {
-            tracing::warn!(checkpoint = %remote.checkpoint_location(epoch_ms), error = %format!("{d:#}"),
+            tracing::warn!(checkpoint = %remote.checkpoint_location(epoch_ms), error = %error_text(&d),
                 "could not remove the incomplete checkpoint; restores skip it (it has no manifest)");
         }
         return Err(e.context(format!(
@@ -195,7 +199,7 @@ pub async fn take(
     }
     if let Err(e) = prune(remote, max_age, epoch_ms).await {
         // The checkpoint itself is complete; the next one prunes again.
-        tracing::warn!(error = %format!("{e:#}"), "pruning old checkpoints failed");
+        tracing::warn!(error = %error_text(&e), "pruning old checkpoints failed");
     }
     Ok((epoch_ms, counts))
 }
@@ -301,9 +305,13 @@ async fn try_restore(
         .context("restore thread")?
 }
 
-/// Restores the newest usable checkpoint, skipping unusable ones (each named in the log, and the
-/// one restored instead). `None`: there is no checkpoint at all.
-pub async fn restore_newest(state_dir: &Path, remote: &RemoteStore) -> anyhow::Result<Option<i64>> {
+/// Restores the newest usable checkpoint, skipping unusable ones (each named in the log and in
+/// `notes`, with the one restored instead). `None`: there is no checkpoint at all.
+pub async fn restore_newest(
+    state_dir: &Path,
+    remote: &RemoteStore,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Option<i64>> {
     let mut skipped: Vec<String> = Vec::new();
     // This release writes the manifest last; only checkpoints from before manifests existed
     // lack one, so with any manifest in the store a directory without one is incomplete (its
@@ -321,10 +329,12 @@ pub async fn restore_newest(state_dir: &Path, remote: &RemoteStore) -> anyhow::R
         match verdict {
             Ok(()) => {
                 if !skipped.is_empty() {
-                    tracing::warn!(
+                    let note = format!(
                         "skipped unusable checkpoint(s): {}; restored the previous checkpoint {location} instead",
                         skipped.join("; ")
                     );
+                    tracing::warn!("{note}");
+                    notes.push(note);
                 }
                 return Ok(Some(ms));
             }
@@ -380,6 +390,9 @@ pub struct Prepared {
     pub restored: Option<i64>,
     /// A `pending` rollout record to mark `committed` once the controller serves.
     pub commit_rollout: Option<RolloutRecord>,
+    /// What an operator should know about this start (shown by `GetCheckpointStatus` and
+    /// `iris cluster status`): skipped checkpoints, a store that could not be reached.
+    pub notes: Vec<String>,
 }
 
 /// Runs before the DB is opened: honours a rollback request, or restores a checkpoint when the
@@ -397,7 +410,29 @@ pub async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
         remote: Some(remote.clone()),
         ..Default::default()
     };
-    let record = remote.read_rollout().await?;
+    let record = match remote.read_rollout().await {
+        Ok(record) => record,
+        // A store that is down must not keep a controller with a DB of its own from serving:
+        // it starts from that DB and checkpoints fail (and say so) until the store is back.
+        Err(e) if db.exists() && cfg.restore_checkpoint.is_none() => {
+            let note = format!(
+                "the remote state dir {} could not be read at start ({}); started from the local DB {} without checking the rollout record",
+                remote.location(),
+                error_text(&e),
+                db.display()
+            );
+            tracing::error!("{note}");
+            out.notes.push(note);
+            return Ok(out);
+        }
+        Err(e) => {
+            return Err(e.context(format!(
+                "reading the rollout record from the remote state dir {} (there is no local DB at {} to start from instead; fix the store's address or credentials, or pass --fresh to start with an empty DB)",
+                remote.location(),
+                db.display()
+            )))
+        }
+    };
     if let Some(rec) = &record {
         if rec.phase == RolloutPhase::RollbackRequested {
             let ms = parse_checkpoint_name(&rec.rollback_checkpoint)
@@ -428,7 +463,7 @@ pub async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
             restore(&cfg.state_dir, &remote, ms).await?;
             Some(ms)
         }
-        None => restore_newest(&cfg.state_dir, &remote).await?,
+        None => restore_newest(&cfg.state_dir, &remote, &mut out.notes).await?,
     };
     Ok(out)
 }
@@ -456,7 +491,7 @@ impl crate::Controller {
 
     /// Takes one checkpoint (one at a time). A failure is logged here, recorded for
     /// `GetCheckpointStatus`, and returned as UNAVAILABLE naming the remote state dir.
-    pub(crate) async fn checkpoint_now(&self) -> crate::error::Result<(i64, [i32; 3])> {
+    pub async fn checkpoint_now(&self) -> crate::error::Result<(i64, [i32; 3])> {
         let Some(remote) = &self.remote else {
             return Err(crate::Error::precondition(
                 "this controller has no remote state dir; start it with --remote-state-dir DIR (or storage.remote_state_dir in the cluster config)",
@@ -473,10 +508,11 @@ impl crate::Controller {
             Ok(x) => x,
             Err(e) => {
                 let msg = format!(
-                        "checkpoint to {} failed: {e:#}; the previous checkpoint is still the newest (check the store's credentials, bucket and endpoint)",
-                        remote.location()
-                    );
-                tracing::error!(remote = %remote.location(), error = %format!("{e:#}"), "checkpoint failed");
+                        "checkpoint to {} failed: {}; the previous checkpoint is still the newest (check the store's credentials, bucket and endpoint)",
+                    remote.location(),
+                    error_text(&e)
+                );
+                tracing::error!(remote = %remote.location(), error = %error_text(&e), "checkpoint failed");
                 crate::lock(&self.checkpoint_health).last_error =
                     Some((iris_store::now_ms(), msg.clone()));
                 return Err(crate::Error::unavailable(msg));
@@ -493,6 +529,12 @@ impl crate::Controller {
     /// The last checkpoint failure (since the last success), for `GetCheckpointStatus`.
     pub(crate) fn checkpoint_error(&self) -> Option<(i64, String)> {
         crate::lock(&self.checkpoint_health).last_error.clone()
+    }
+
+    /// The checkpoint restored at start and the start's notes, for `GetCheckpointStatus`.
+    pub(crate) fn startup_report(&self) -> (Option<i64>, Vec<String>) {
+        let h = crate::lock(&self.checkpoint_health);
+        (h.restored, h.startup_notes.clone())
     }
 
     /// The remote state dir, as configured (empty: none).
@@ -633,9 +675,19 @@ mod tests {
             "{err:#}"
         );
         std::fs::remove_file(state.join("controller.sqlite3")).expect("rm db");
+        let mut notes = Vec::new();
         assert_eq!(
-            restore_newest(&state, &remote).await.expect("newest"),
+            restore_newest(&state, &remote, &mut notes)
+                .await
+                .expect("newest"),
             Some(ms1)
+        );
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(&remote.checkpoint_location(ms2))
+                && notes[0].contains(&remote.checkpoint_location(ms1)),
+            "the note names the skipped checkpoint and the one used: {}",
+            notes[0]
         );
     }
 }

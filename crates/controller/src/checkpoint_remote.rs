@@ -291,3 +291,21 @@ impl RemoteStore {
         format!("{}/{STATE_DIR}/{epoch_ms}", self.display)
     }
 }
+
+/// An object-store error as one line: its causes joined by `: `, each dropped when the text so
+/// far already holds it (`object_store` errors print their source inside their own message, so
+/// `{:#}` repeats every cause two or three times).
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}

@@ -88,6 +88,11 @@ pub struct ControllerConfig {
     pub checkpoint_max_age: Duration,
     /// With no local DB, restore this checkpoint (`controller-state/<epoch_ms>`) instead of the newest.
     pub restore_checkpoint: Option<String>,
+    /// Finished job trees older than this are deleted with their tasks, attempts, events and logs
+    /// (see `iris_store::prune`); `None`: kept forever. Default 7 days, as the reference.
+    pub job_retention: Option<Duration>,
+    /// How often the retention sweep runs (default 1 hour, as the reference).
+    pub prune_interval: Duration,
     /// Start on an empty DB: an existing one is set aside (renamed, never deleted) and no
     /// checkpoint is restored unless `restore_checkpoint` names one (`--fresh`).
     pub fresh: bool,
@@ -117,6 +122,8 @@ impl ControllerConfig {
             checkpoint_interval: None,
             checkpoint_max_age: checkpoint::DEFAULT_MAX_AGE,
             restore_checkpoint: None,
+            job_retention: Some(crate::prune::DEFAULT_JOB_RETENTION),
+            prune_interval: crate::prune::DEFAULT_PRUNE_INTERVAL,
             fresh: false,
             budget_defaults: BudgetDefaults::default(),
             budget_tiers: Vec::new(),

@@ -212,7 +212,10 @@ impl Controller {
         _req: pb::GetCheckpointStatusRequest,
     ) -> Result<pb::GetCheckpointStatusResponse> {
         let err = self.checkpoint_error();
+        let (restored, notes) = self.startup_report();
         Ok(pb::GetCheckpointStatusResponse {
+            restored_checkpoint_epoch_ms: restored,
+            startup_notes: notes,
             last_checkpoint_epoch_ms: iris_store::meta_get(
                 &*self.db(),
                 iris_store::checkpoint::META_KEY,

@@ -12,11 +12,14 @@ pub mod backend;
 pub mod checkpoint;
 mod config;
 mod error;
+mod explain;
 pub mod federation;
 mod highlights;
 mod inspect;
 mod limits;
+mod metrics;
 mod proxy;
+mod prune;
 mod reconcile;
 mod rpc;
 pub mod spec;
@@ -99,6 +102,8 @@ pub struct Controller {
     /// first proxied request: most controllers never proxy, and building them reads the system's
     /// CA roots.
     upstreams: std::sync::OnceLock<proxy::Upstreams>,
+    /// `/metrics`.
+    metrics: metrics::Metrics,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -170,6 +175,7 @@ impl Controller {
             checkpoint_health: Mutex::new(checkpoint::Health::default()),
             admissions,
             upstreams: std::sync::OnceLock::new(),
+            metrics: metrics::Metrics::new(),
         });
         let weak = Arc::downgrade(&ctl);
         // The admission batcher: a plain thread (SQLite is blocking). It ends when the controller
@@ -366,6 +372,11 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
         checkpoint::prepare(&cfg).await?
     };
     let ctl = Controller::open(cfg)?;
+    {
+        let mut health = lock(&ctl.checkpoint_health);
+        health.restored = prepared.restored;
+        health.startup_notes = prepared.notes.clone();
+    }
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .with_context(|| format!("binding controller to {bind}"))?;
@@ -386,6 +397,8 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
         rec.phase = checkpoint::RolloutPhase::Committed;
         remote.write_rollout(&rec).await?;
     }
+    // Owned by RunningController: stops when the shutdown channel fires.
+    tokio::spawn(prune::periodic(ctl.clone(), rx.clone()));
     reconcile::start_known_workers(&ctl, rx.clone())?;
     federation::start(&ctl, rx.clone());
     let mut srx = rx.clone();

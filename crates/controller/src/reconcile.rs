@@ -386,8 +386,10 @@ fn apply_backend_extras(
                 .iter()
                 .map(|(src, data, ts, seq)| (src.clone(), data.clone(), *ts, 0, Some(*seq)))
                 .collect();
-            if let Err(e) = iris_store::logs::append_numbered(&mut conn, &l.key, &lines) {
-                tracing::error!(key = %l.key, error = %e, "storing backend log lines");
+            let bytes: usize = lines.iter().map(|l| l.1.len()).sum();
+            match iris_store::logs::append_numbered(&mut conn, &l.key, &lines) {
+                Ok(_) => ctl.metrics.logs_stored(lines.len(), bytes),
+                Err(e) => tracing::error!(key = %l.key, error = %e, "storing backend log lines"),
             }
         }
     }

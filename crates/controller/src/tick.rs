@@ -50,6 +50,7 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
         })
         .await;
         last_cost = started.elapsed();
+        ctl.metrics.tick_done(last_cost);
         match res {
             Ok(Ok(workers)) => {
                 let links = lock(&ctl.workers);
@@ -90,15 +91,12 @@ pub(crate) fn new_uid() -> String {
     hex::encode(b)
 }
 
-/// One control tick. Returns the workers whose desired set changed.
-pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
-    let now = iris_store::now_ms();
-    let mut touched = BTreeSet::new();
-    let snap = lock(&ctl.snap);
-    let tx = snap.begin_read()?;
-    let expired = snapshot::past_scheduling_deadline(&tx, now)?;
-    let timed_out = snapshot::past_execution_timeout(&tx, now)?;
-    let mut workers = load_workers(&tx)?;
+/// What the scheduler sees, read in one transaction: workers (unconfirmed ones unhealthy),
+/// the tasks holding resources on them, every pending local task with its effective band
+/// (budgets, §4.7) and each user's spend. The control tick plans over it and `ExplainTask`
+/// explains over it, so an explanation and a placement start from the same picture.
+pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read) -> Result<Snapshot> {
+    let mut workers = load_workers(tx)?;
     {
         // A worker of a previous run that has not come back gets nothing until it does.
         let confirmed = lock(&ctl.confirmed);
@@ -106,10 +104,9 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             w.healthy &= confirmed.contains(&w.id);
         }
     }
-    let addresses = iris_store::workers::addresses(&tx)?;
     let mut running = Vec::new();
-    for h in snapshot::holdings(&tx)? {
-        let Some(spec) = ctl.spec(&tx, &h.job_id)? else {
+    for h in snapshot::holdings(tx)? {
+        let Some(spec) = ctl.spec(tx, &h.job_id)? else {
             continue;
         };
         running.push(RunningTask {
@@ -125,11 +122,11 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     }
     // Budgets (§4.7): spend per user over active non-BATCH work; over a non-zero limit, a user's
     // INTERACTIVE work is scheduled as BATCH.
-    let spend = iris_store::budgets::spend_by_user(&tx)?;
-    let limits = crate::accounts::limits(&tx)?;
+    let spend = iris_store::budgets::spend_by_user(tx)?;
+    let limits = crate::accounts::limits(tx)?;
     let mut pending = Vec::new();
-    for w in snapshot::waiting(&tx)? {
-        let Some(spec) = ctl.spec(&tx, &w.job_id)? else {
+    for w in snapshot::waiting(tx)? {
+        let Some(spec) = ctl.spec(tx, &w.job_id)? else {
             continue;
         };
         pending.push(PendingTask {
@@ -153,8 +150,36 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             job: w.job_id,
         });
     }
+    Ok(Snapshot {
+        workers,
+        running,
+        pending,
+        user_spend: spend,
+    })
+}
+
+/// One control tick. Returns the workers whose desired set changed.
+pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
+    let now = iris_store::now_ms();
+    let mut touched = BTreeSet::new();
+    let snap = lock(&ctl.snap);
+    let tx = snap.begin_read()?;
+    let expired = snapshot::past_scheduling_deadline(&tx, now)?;
+    let timed_out = snapshot::past_execution_timeout(&tx, now)?;
+    let addresses = iris_store::workers::addresses(&tx)?;
+    let snapshot = read_snapshot(ctl, &tx)?;
     drop(tx);
     drop(snap);
+    let pending_by_band: Vec<(&'static str, i64)> = Band::ALL
+        .iter()
+        .map(|b| {
+            let n = snapshot.pending.iter().filter(|p| p.band == *b).count();
+            (b.name(), n as i64)
+        })
+        .collect();
+    let healthy = snapshot.workers.iter().filter(|w| w.healthy).count() as i64;
+    let unhealthy = snapshot.workers.len() as i64 - healthy;
+    ctl.metrics.tick_plan(&pending_by_band, healthy, unhealthy);
     if !expired.is_empty() || !timed_out.is_empty() {
         let mut conn = ctl.db();
         let wtx = conn.begin()?;
@@ -185,21 +210,21 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         // Those tasks changed state after the snapshot: plan on the next tick.
         return Ok(touched);
     }
-    if pending.is_empty() {
+    if snapshot.pending.is_empty() {
         lock(&ctl.pending_reasons).clear();
         return Ok(touched);
     }
     // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
     // is re-validated by `transition` when applied below.
-    let bands: BTreeMap<String, Band> = pending.iter().map(|p| (p.task.clone(), p.band)).collect();
-    let snapshot = Snapshot {
-        workers,
-        running,
-        pending,
-        user_spend: spend,
-    };
+    let bands: BTreeMap<String, Band> = snapshot
+        .pending
+        .iter()
+        .map(|p| (p.task.clone(), p.band))
+        .collect();
     let plan = iris_scheduler::schedule(&snapshot, &Policy::default());
     drop(snapshot);
+    ctl.metrics
+        .planned(plan.assignments.len(), plan.preemptions.len());
     if !plan.preemptions.is_empty() || !plan.assignments.is_empty() {
         let now = iris_store::now_ms();
         let mut conn = ctl.db();

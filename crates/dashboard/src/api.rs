@@ -200,6 +200,18 @@ impl Api {
         .await
     }
 
+    /// Every worker's verdict for a pending task (`ExplainTask`).
+    pub async fn explain_task(&self, task_id: &str) -> Result<pb::ExplainTaskResponse, RpcError> {
+        self.inspect(
+            "ExplainTask",
+            &pb::ExplainTaskRequest {
+                task_id: task_id.to_string(),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
     /// What each open attempt holds on its worker.
     pub async fn list_resource_holds(&self) -> Result<pb::ListResourceHoldsResponse, RpcError> {
         self.inspect("ListResourceHolds", &pb::ListResourceHoldsRequest {})

@@ -359,10 +359,28 @@ async fn task(
         }
     };
     let tail = tail.map(|r| r.entries).unwrap_or_default();
+    // Only a pending task has a placement to explain.
+    let pending =
+        status.task.as_ref().map(|t| t.state) == Some(iris_types::TaskState::Pending.code());
+    let explain = if pending {
+        Some(api.explain_task(&id).await)
+    } else {
+        None
+    };
+    let explain_err;
+    let explain = match &explain {
+        None => None,
+        Some(Ok(r)) => Some(Ok(r)),
+        Some(Err(e)) => {
+            explain_err = e.message.clone();
+            Some(Err(explain_err.as_str()))
+        }
+    };
     let view = pages::TaskView {
         resp: &status,
         spans: &spans,
         events,
+        explain,
         log_tail: &tail,
         now: now_ms(),
     };

@@ -336,6 +336,7 @@ fn task_page_shows_attempts_events_and_logs() {
         resp: &resp,
         spans: &[],
         events: Ok(&events),
+        explain: None,
         log_tail: &logs,
         now: NOW,
     };
@@ -353,6 +354,48 @@ fn task_page_shows_attempts_events_and_logs() {
     assert!(html.contains("permission denied"));
     assert!(html.contains("hello &lt;b&gt;"));
     assert!(html.contains("Traceback: boom"));
+    assert!(
+        !html.contains("Why it waits"),
+        "only a pending task is explained"
+    );
+    let explained = pb::ExplainTaskResponse {
+        task_id: "/u/j/0".into(),
+        pending: true,
+        band: "interactive".into(),
+        effective_band: "batch".into(),
+        workers: vec![
+            pb::WorkerVerdict {
+                worker_id: "w-a".into(),
+                rule: "resources".into(),
+                detail: "memory short by 4 GiB <b>".into(),
+                ..Default::default()
+            },
+            pb::WorkerVerdict {
+                worker_id: "w-b".into(),
+                rule: "fits".into(),
+                detail: "the task fits here now".into(),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let v2 = pages::TaskView {
+        explain: Some(Ok(&explained)),
+        ..v
+    };
+    let html = full(&pages::task_page(&v2));
+    assert!(html.contains("Why it waits"));
+    assert!(html.contains("(placed as batch)"));
+    assert!(
+        html.contains("memory short by 4 GiB &lt;b&gt;"),
+        "detail is escaped"
+    );
+    assert!(html.contains("w-b") && html.contains("the task fits here now"));
+    let v3 = pages::TaskView {
+        explain: Some(Err("explain tasks of job /u/j: permission denied")),
+        ..v2
+    };
+    assert!(full(&pages::task_page(&v3)).contains("Cannot explain the task:"));
 }
 
 #[test]

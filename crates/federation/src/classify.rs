@@ -52,6 +52,20 @@ pub fn classify(
     }
 }
 
+/// The peers a job would go to: its pinned peer, else every reachable peer that can host it
+/// (in the order given), for messages that name them.
+pub fn candidate_peers(constraints: &[Constraint], peers: &[PeerView]) -> Vec<String> {
+    if let Some(pin) = cluster_pin(constraints) {
+        return vec![pin];
+    }
+    let shape = routing_constraints(constraints);
+    peers
+        .iter()
+        .filter(|p| peer_can_host(p, &shape))
+        .map(|p| p.peer_id.clone())
+        .collect()
+}
+
 fn peer_can_host(peer: &PeerView, shape: &[Constraint]) -> bool {
     peer.reachable
         && (shape.is_empty()
@@ -95,6 +109,20 @@ mod tests {
         };
         assert_eq!(classify(&cs, true, &[]), want);
         assert_eq!(classify(&cs, false, &[h100_peer("far", false)]), want);
+    }
+
+    #[test]
+    fn candidate_peers_are_the_pin_or_every_reachable_host() {
+        let peers = [
+            h100_peer("a", true),
+            h100_peer("b", false),
+            h100_peer("c", true),
+        ];
+        assert_eq!(candidate_peers(&gpu("h100"), &peers), ["a", "c"]);
+        assert!(candidate_peers(&gpu("a100"), &peers).is_empty());
+        let mut pinned = gpu("h100");
+        pinned.push(Constraint::equals(crate::CLUSTER_KEY, "b"));
+        assert_eq!(candidate_peers(&pinned, &peers), ["b"]);
     }
 
     #[test]

@@ -49,12 +49,16 @@ impl HandoffState {
 /// `peer_id` is `""` for a queued job no peer was chosen for. `peer_reachable` is the peer's
 /// last heartbeat result, `None` when it has not been heard from yet (the job is then simply
 /// waiting for its report). `tasks_mirrored` is whether sync has mirrored any task row yet.
+/// `peer_says` is the peer's own word: for a PENDING handle, why it refused the last offer; for
+/// a handed-off job, the pending reason the peer reports for it (mirrored).
 pub fn pending_reason(
     state: HandoffState,
     peer_id: &str,
     peer_reachable: Option<bool>,
     tasks_mirrored: bool,
+    peer_says: Option<&str>,
 ) -> String {
+    let says = peer_says.map(str::trim).filter(|s| !s.is_empty());
     match state {
         HandoffState::Queued if peer_id.is_empty() => {
             "Queued for a federation peer to report free capacity".to_string()
@@ -63,11 +67,17 @@ pub fn pending_reason(
             format!("Peer {peer_id} is unreachable; queued until it reconnects")
         }
         HandoffState::Queued => format!("Queued for peer {peer_id} to report free capacity"),
-        HandoffState::Pending => format!("Awaiting acceptance by peer {peer_id}"),
+        HandoffState::Pending => match says {
+            Some(why) => format!("Peer {peer_id} cannot run it yet: {why}"),
+            None => format!("Awaiting acceptance by peer {peer_id}"),
+        },
         HandoffState::HandedOff if !tasks_mirrored => {
             format!("Handed off to peer {peer_id}; awaiting first status report")
         }
-        HandoffState::HandedOff | HandoffState::Rejected => format!("Pending on peer {peer_id}"),
+        HandoffState::HandedOff | HandoffState::Rejected => match says {
+            Some(why) => format!("Pending on peer {peer_id}: {why}"),
+            None => format!("Pending on peer {peer_id}"),
+        },
     }
 }
 
@@ -89,6 +99,38 @@ mod tests {
         assert_eq!(Queued.code(), 3);
         assert_eq!(HandoffState::from_code(4), None);
         assert_eq!(HandoffState::from_code(-1), None);
+    }
+
+    #[test]
+    fn the_peers_own_word_is_shown() {
+        assert_eq!(
+            pending_reason(
+                Pending,
+                "b",
+                Some(true),
+                false,
+                Some("no worker has 8000m cpu (largest: 4000m)")
+            ),
+            "Peer b cannot run it yet: no worker has 8000m cpu (largest: 4000m)"
+        );
+        assert_eq!(
+            pending_reason(
+                HandedOff,
+                "b",
+                Some(true),
+                true,
+                Some("Waiting for 2 more workers")
+            ),
+            "Pending on peer b: Waiting for 2 more workers"
+        );
+        assert_eq!(
+            pending_reason(HandedOff, "b", Some(true), true, Some("  ")),
+            "Pending on peer b"
+        );
+        assert_eq!(
+            pending_reason(Pending, "b", Some(true), false, None),
+            "Awaiting acceptance by peer b"
+        );
     }
 
     #[test]
@@ -148,7 +190,7 @@ mod tests {
         ];
         for (state, peer, reachable, mirrored, want) in cases {
             assert_eq!(
-                pending_reason(state, peer, reachable, mirrored),
+                pending_reason(state, peer, reachable, mirrored, None),
                 want,
                 "{state:?} {peer:?} {reachable:?}"
             );

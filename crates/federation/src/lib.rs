@@ -17,6 +17,10 @@
 //! * **After the tick commits**, the controller charges each confirmed promotion to the
 //!   [`ReservationLedger`], so the next tick does not spend the same reported capacity twice
 //!   before the peer's next heartbeat shows the new numbers.
+//! * **After each delivery** ([`after_answer`]): a peer that cannot host the job now is offered
+//!   it again only after an exponential backoff, with its reason kept for display; a failed call
+//!   makes the peer *suspect*, and [`heartbeat_wait`] then probes it every second until it
+//!   answers or is marked unreachable.
 //! * **Display and trust**: [`pending_reason`] explains a queued or handed-off job;
 //!   [`submitter_admitted`] is the peer-side `allowed_submitters` check.
 //!
@@ -30,8 +34,10 @@
 
 mod assign;
 mod classify;
+mod delivery;
 mod handoff;
 mod ledger;
+mod probe;
 mod routing;
 mod submitters;
 #[cfg(test)]
@@ -42,10 +48,15 @@ mod testutil;
 use std::collections::BTreeMap;
 
 pub use assign::{assign_queued, availability_gate, Candidate, Promotion};
-pub use classify::{classify, Disposition};
+pub use classify::{candidate_peers, classify, Disposition};
+pub use delivery::{
+    after_answer, backoff_ms, may_offer, refusal_expired, AfterAnswer, PeerAnswer, Refusal,
+    AUTH_FAILURE_VERDICT, FIRST_BACKOFF_MS, MAX_BACKOFF_MS,
+};
 pub use handoff::{pending_reason, HandoffState};
 pub use iris_types::Band;
 pub use ledger::ReservationLedger;
+pub use probe::{heartbeat_wait, probe_timeout, PROBE_INTERVAL, PROBE_TIMEOUT};
 pub use routing::{backend_satisfies, backend_satisfies_all, cluster_pin, routing_constraints};
 pub use submitters::submitter_admitted;
 

@@ -96,6 +96,7 @@ mod cluster;
 mod http;
 mod kubelet;
 mod kueue;
+pub mod node_agent;
 mod patch;
 mod pdb;
 mod pod;
@@ -120,6 +121,7 @@ use crate::status::ApiError;
 use crate::store::{now_rfc3339, Store};
 
 pub use crate::kubelet::Disruption;
+pub use crate::node_agent::{NodeAgent, RanPod};
 
 /// How the fake cluster starts.
 #[derive(Debug, Clone)]

@@ -554,7 +554,7 @@ async fn pump<R: AsyncRead + Unpin>(r: R, log: Arc<LogBuffer>) {
     }
 }
 
-fn exit_code(status: std::process::ExitStatus) -> i32 {
+pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     status
         .code()

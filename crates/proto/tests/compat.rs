@@ -697,7 +697,8 @@ fn inspect_listing_is_pinned() {
             "ListAttempts",
             "ListResourceHolds",
             "ListHandoffs",
-            "GetCheckpointStatus"
+            "GetCheckpointStatus",
+            "ExplainTask"
         ]
     );
 }

@@ -243,4 +243,34 @@ fn main() {
         ms(times[0]),
         ms(times[RUNS - 1])
     );
+    // `explain` (ExplainTask) over the same snapshot, for a gang member and a solo task.
+    for task in [
+        snapshot.pending.iter().find(|t| t.group_by.is_some()),
+        snapshot.pending.iter().find(|t| t.group_by.is_none()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let mut times: Vec<Duration> = (0..RUNS)
+            .map(|_| {
+                let start = Instant::now();
+                let e = explain(&snapshot, &policy, &task.task);
+                let took = start.elapsed();
+                assert!(e.is_some_and(|e| e.workers.len() == snapshot.workers.len()));
+                took
+            })
+            .collect();
+        times.sort();
+        println!(
+            "explain {} ({}): median {:.2} ms, max {:.2} ms over {RUNS} runs",
+            task.task,
+            if task.group_by.is_some() {
+                "gang"
+            } else {
+                "solo"
+            },
+            ms(times[RUNS / 2]),
+            ms(times[RUNS - 1])
+        );
+    }
 }

@@ -47,6 +47,9 @@
 //!      RUNNING co-tenants (cheapest first, unneeded ones dropped) makes room for the gang's
 //!      largest task, preferring hosts that need the fewest evictions.
 //!
+//! [`explain`] gives, for one pending task, every worker's first failing rule (or `Fits`),
+//! computed with the engine's own predicates over the same snapshot.
+//!
 //! Submit-time checks use [`feasible_anywhere`]; constraints are evaluated by
 //! [`constraint_matches`]. Task keys and worker ids are assumed unique.
 //!
@@ -57,6 +60,7 @@
 mod availability;
 mod constraint;
 mod engine;
+mod explain;
 mod feasible;
 mod firstfit;
 mod model;
@@ -69,6 +73,7 @@ mod testutil;
 
 pub use availability::enrich_with_availability;
 pub use constraint::{constraint_matches, ConstraintError};
+pub use explain::{explain, Explanation, Shortfall, Verdict, WorkerVerdict};
 pub use feasible::feasible_anywhere;
 pub use model::{
     Assignment, JobKey, PendingTask, Plan, Policy, Preemption, RunningTask, Snapshot, TaskKey,

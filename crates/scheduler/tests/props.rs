@@ -461,3 +461,161 @@ fn generators_exercise_every_feature() {
     );
     assert!(assigned > 150 && preempted > 15 && gang_placed > 20 && unplaced > 100);
 }
+
+// ---------------------------------------------------------------- explain agrees with placement
+
+/// The placement units of a snapshot, each alone: one snapshot per solo task and per gang job,
+/// with every worker and running task kept (so explain and placement see the same capacity).
+fn alone(s: &Snapshot) -> Vec<Snapshot> {
+    let mut gangs: BTreeMap<&str, Vec<PendingTask>> = BTreeMap::new();
+    let mut out = Vec::new();
+    for t in &s.pending {
+        if t.group_by.is_some() {
+            gangs.entry(t.job.as_str()).or_default().push(t.clone());
+        } else {
+            out.push(Snapshot {
+                pending: vec![t.clone()],
+                ..s.clone()
+            });
+        }
+    }
+    for tasks in gangs.into_values() {
+        out.push(Snapshot {
+            pending: tasks,
+            ..s.clone()
+        });
+    }
+    out
+}
+
+/// `s` with only the workers `keep` accepts (and the running tasks on them).
+fn only_workers(s: &Snapshot, keep: impl Fn(&Worker) -> bool) -> Snapshot {
+    let workers: Vec<Worker> = s.workers.iter().filter(|w| keep(w)).cloned().collect();
+    let ids: BTreeSet<&str> = workers.iter().map(|w| w.id.as_str()).collect();
+    let running = s
+        .running
+        .iter()
+        .filter(|r| ids.contains(r.worker.as_str()))
+        .cloned()
+        .collect();
+    Snapshot {
+        workers,
+        running,
+        ..s.clone()
+    }
+}
+
+fn verdict_of<'a>(e: &'a Explanation, worker: &str) -> Option<&'a Verdict> {
+    e.workers
+        .iter()
+        .find(|v| v.worker == worker)
+        .map(|v| &v.verdict)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Architecture invariant "explain and placement share predicates": where placement puts a
+    /// task (without preempting), `explain` said `Fits`; where it puts one by preempting,
+    /// `explain` got past health, constraints and the group attribute (only capacity stood in
+    /// the way); and a worker `explain` clears takes the task (a solo task on that worker
+    /// alone, a gang on that worker's group alone).
+    #[test]
+    fn explain_fits_exactly_where_placement_may_go(s in arb_snapshot(), policy in small_policy()) {
+        for one in alone(&s) {
+            let plan = schedule(&one, &policy);
+            // A gang that preempts for one member is placed by preemption as a whole.
+            let mut preemptors: BTreeSet<&str> = plan.preemptions.iter().map(|p| p.by.as_str()).collect();
+            if !preemptors.is_empty() {
+                preemptors.extend(one.pending.iter().map(|t| t.task.as_str()));
+            }
+            let explained: BTreeMap<&str, Explanation> = one
+                .pending
+                .iter()
+                .map(|t| (t.task.as_str(), explain(&one, &policy, &t.task).expect("pending task is explained")))
+                .collect();
+            for a in &plan.assignments {
+                let e = &explained[a.task.as_str()];
+                let v = verdict_of(e, &a.worker).expect("every worker has a verdict");
+                if preemptors.contains(a.task.as_str()) {
+                    prop_assert!(matches!(v, Verdict::Resources { .. } | Verdict::GroupTooSmall { .. }),
+                        "{} placed on {} by preemption, but explain said {}", a.task, a.worker, v);
+                } else {
+                    prop_assert_eq!(v, &Verdict::Fits, "{} placed on {}", a.task, a.worker);
+                }
+            }
+            let head = &one.pending[0];
+            let e = &explained[head.task.as_str()];
+            let fits: Vec<&str> = e.workers.iter().filter(|v| v.verdict == Verdict::Fits).map(|v| v.worker.as_str()).collect();
+            let placed_plainly = plan.assignments.iter().any(|a| !preemptors.contains(a.task.as_str()));
+            prop_assert_eq!(!fits.is_empty(), placed_plainly, "fits on {:?}, plan {:?}", fits, plan);
+            for w in fits {
+                let restricted = match &head.group_by {
+                    None => only_workers(&one, |x| x.id == w),
+                    Some(key) => {
+                        let value = one.workers.iter().find(|x| x.id == w).and_then(|x| x.attributes.get(key)).cloned();
+                        only_workers(&one, |x| x.attributes.get(key) == value.as_ref())
+                    }
+                };
+                let plan = schedule(&restricted, &policy);
+                prop_assert!(plan.preemptions.is_empty());
+                prop_assert_eq!(plan.assignments.len(), one.pending.len(),
+                    "explain cleared {} for {}, yet placement on it alone left {:?}", w, head.task, plan.pending_reasons);
+                if head.group_by.is_none() {
+                    prop_assert_eq!(plan.assignments[0].worker.as_str(), w);
+                }
+            }
+        }
+    }
+}
+
+/// Guards the explain property's inputs: random cases reach every rule, and gangs that fit.
+#[test]
+fn explain_generators_reach_every_rule() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut rules: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut gang_fits = 0;
+    // Half the cases with build back-pressure at one task, as `small_policy` may pick.
+    let tight = Policy {
+        max_building_per_worker: 1,
+        ..Policy::default()
+    };
+    for i in 0..300 {
+        let s = arb_snapshot()
+            .new_tree(&mut runner)
+            .map(|t| t.current())
+            .unwrap_or_default();
+        let policy = if i % 2 == 0 {
+            Policy::default()
+        } else {
+            tight.clone()
+        };
+        for one in alone(&s) {
+            let Some(e) = explain(&one, &policy, &one.pending[0].task) else {
+                continue;
+            };
+            for v in &e.workers {
+                *rules.entry(v.verdict.rule()).or_default() += 1;
+                gang_fits += usize::from(e.gang.is_some() && v.verdict == Verdict::Fits);
+            }
+        }
+    }
+    eprintln!("verdicts over 300 snapshots: {rules:?}; gang fits {gang_fits}");
+    for rule in [
+        "fits",
+        "unhealthy",
+        "constraint",
+        "group-attribute",
+        "resources",
+        "backpressure",
+        "group-size",
+    ] {
+        assert!(
+            rules.get(rule).copied().unwrap_or(0) > 10,
+            "{rule}: {rules:?}"
+        );
+    }
+    assert!(gang_fits > 10, "gang fits {gang_fits}");
+}

@@ -253,6 +253,57 @@ pub fn mark_rejected(tx: &Tx<'_>, job_id: &str, message: &str, now: i64) -> Resu
     Ok(n > 0)
 }
 
+/// The scheduling deadline of a PENDING handle's job while it has not started: `None` when the
+/// handle is not PENDING or the job is past PENDING/BUILDING; `Some(None)` without a deadline.
+pub fn pending_deadline(conn: &impl Read, job_id: &str) -> Result<Option<Option<i64>>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT j.scheduling_deadline_epoch_ms FROM federated_jobs f JOIN jobs j ON j.job_id = f.job_id
+             WHERE f.job_id = ?1 AND f.direction = 0 AND f.handoff_state = 0 AND j.state IN {}",
+            *JOB_NOT_STARTED
+        )
+    });
+    Ok(conn
+        .raw()
+        .prepare_cached(&SQL)?
+        .query_row([job_id], |r| r.get::<_, Option<i64>>(0))
+        .optional()?)
+}
+
+/// A PENDING handle its peer kept refusing, past its scheduling deadline → UNSCHEDULABLE with
+/// `message` (the handle stays PENDING; its job is no longer deliverable).
+pub fn expire_refused(tx: &Tx<'_>, job_id: &str, message: &str, now: i64) -> Result<bool> {
+    if pending_deadline(tx, job_id)?.is_none() {
+        return Ok(false);
+    }
+    apply_job_event(
+        tx,
+        job_id,
+        &JobEvent::RefusedDeadlinePassed {
+            message: message.to_string(),
+        },
+        now,
+    )
+}
+
+/// The peer's own pending reason for a mirrored job: the first non-empty status message of its
+/// still-pending tasks, by index.
+pub fn mirrored_pending_reason(conn: &impl Read, job_id: &str) -> Result<Option<String>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT status_message FROM tasks
+             WHERE job_id = ?1 AND state IN {} AND COALESCE(status_message, '') != ''
+             ORDER BY task_index LIMIT 1",
+            crate::sets::tasks_where(|s| s == iris_types::TaskState::Pending)
+        )
+    });
+    Ok(conn
+        .raw()
+        .prepare_cached(&SQL)?
+        .query_row([job_id], |r| r.get::<_, String>(0))
+        .optional()?)
+}
+
 /// Records a transient delivery error for operators (the handle stays PENDING).
 pub fn note_error(tx: &Tx<'_>, job_id: &str, message: &str) -> Result<()> {
     tx.raw()

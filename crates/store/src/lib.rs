@@ -17,6 +17,7 @@ pub mod inspect;
 pub mod jobs;
 pub mod logs;
 pub mod mirror;
+pub mod prune;
 pub mod query;
 mod schema;
 pub(crate) mod sets;

@@ -54,7 +54,7 @@ pub fn kill_mirrored(tx: &Tx<'_>, job_id: &str, reason: &str, now: i64) -> Resul
     static JOBS: LazyLock<String> = LazyLock::new(|| {
         format!(
             "UPDATE jobs SET state = {}, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3)
-             WHERE (job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/') AND state IN {}",
+             WHERE (job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0')) AND state IN {}",
             JobState::Killed.code(),
             *JOB_LIVE
         )
@@ -62,7 +62,7 @@ pub fn kill_mirrored(tx: &Tx<'_>, job_id: &str, reason: &str, now: i64) -> Resul
     static TASKS: LazyLock<String> = LazyLock::new(|| {
         format!(
             "UPDATE tasks SET state = {}, error = ?2, finished_at_ms = COALESCE(finished_at_ms, ?3)
-             WHERE (job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/') AND state IN {}",
+             WHERE task_id >= ?1 || '/' AND task_id < ?1 || '0' AND state IN {}",
             TaskState::Killed.code(),
             *TASK_LIVE_MIRROR
         )

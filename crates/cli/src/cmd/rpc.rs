@@ -246,7 +246,8 @@ mod tests {
         let ok = to_message(&m, serde_json::json!({ "job_id": "/u/a" })).expect("snake case too");
         assert_eq!(
             render::to_pretty_json(&ok).expect("json"),
-            "{\n  \"jobId\": \"/u/a\"\n}"
+            "{\n  \"job_id\": \"/u/a\"\n}",
+            "printed with the proto's field names, as the published CLI prints"
         );
     }
 }

@@ -37,6 +37,67 @@ pub(crate) async fn task_events(
     Ok(0)
 }
 
+/// `iris task explain`: the ExplainTask verdicts as a table (worker, verdict, detail), or the
+/// state of a task that is not pending.
+async fn explain(
+    cl: &Client,
+    task_id: String,
+    worker: Option<String>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    iris_types::TaskId::parse(&task_id).map_err(|e| anyhow::anyhow!("task id: {e}"))?;
+    let r: iris_proto::inspect::ExplainTaskResponse = call_inspect(
+        cl,
+        "ExplainTask",
+        &iris_proto::inspect::ExplainTaskRequest {
+            task_id,
+            worker_id: worker.unwrap_or_default(),
+        },
+    )
+    .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(0);
+    }
+    print_explanation(&r);
+    Ok(0)
+}
+
+fn print_explanation(r: &iris_proto::inspect::ExplainTaskResponse) {
+    if !r.pending {
+        println!("{}", r.note);
+        return;
+    }
+    let band = if r.effective_band.is_empty() || r.effective_band == r.band {
+        r.band.clone()
+    } else {
+        format!("{} (placed as {})", r.band, r.effective_band)
+    };
+    println!("task {}: pending, band {band}", r.task_id);
+    if r.gang_size > 0 {
+        println!(
+            "coscheduled: {} members on workers sharing one value of '{}'",
+            r.gang_size, r.group_by
+        );
+    }
+    if !r.note.is_empty() {
+        println!("note: {}", r.note);
+    }
+    if !r.pending_reason.is_empty() {
+        println!("last tick: {}", r.pending_reason);
+    }
+    if r.workers.is_empty() {
+        println!("no workers are registered");
+        return;
+    }
+    let rows: Vec<Vec<String>> = r
+        .workers
+        .iter()
+        .map(|v| vec![v.worker_id.clone(), v.rule.clone(), v.detail.clone()])
+        .collect();
+    output::table(&["WORKER", "VERDICT", "DETAIL"], &rows);
+}
+
 pub(crate) async fn kick(cl: &Client, b: &BulkArgs, desired: i32) -> anyhow::Result<i32> {
     let ids = bulk_ids(b)?;
     if b.dry_run {
@@ -151,6 +212,11 @@ pub(crate) async fn run(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> 
             iris_types::TaskId::parse(&task_id).map_err(|e| anyhow::anyhow!("{e}"))?;
             task_events(&cl, &task_id, None, limit).await
         }
+        TaskCmd::Explain {
+            task_id,
+            worker,
+            json,
+        } => explain(&cl, task_id, worker, json).await,
         TaskCmd::Preempt(b) => kick(&cl, &b, 10).await,
         TaskCmd::Fail(b) => kick(&cl, &b, 5).await,
         TaskCmd::Exec(a) => exec(&cl, a).await,

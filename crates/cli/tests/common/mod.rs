@@ -285,6 +285,11 @@ impl TestCluster {
     /// local workers in one process, as a user starts them; waits until `workers` are healthy.
     /// (Restarting it is not supported.)
     pub fn start_local(config_yaml: &str, workers: usize) -> TestCluster {
+        TestCluster::start_local_with_args(config_yaml, workers, &[])
+    }
+
+    /// Like [`TestCluster::start_local`], with extra `cluster start` arguments.
+    pub fn start_local_with_args(config_yaml: &str, workers: usize, args: &[&str]) -> TestCluster {
         let (root, state_dir, ws) = scratch();
         let cfg = root.path().join("cluster.yaml");
         std::fs::write(&cfg, config_yaml).expect("config");
@@ -294,6 +299,7 @@ impl TestCluster {
             .arg(&cfg)
             .arg("--state-dir")
             .arg(&state_dir)
+            .args(args)
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
@@ -353,6 +359,18 @@ impl TestCluster {
     pub fn restart_controller(&mut self) {
         stop(&mut self.controller);
         self.start_controller_again();
+    }
+
+    /// Sends SIGTERM to the controller process and waits (up to `timeout`) for it to exit.
+    pub fn terminate_controller(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.controller.child.id().to_string()])
+            .status();
+        wait_exit(
+            &mut self.controller.child,
+            timeout,
+            "the controller to exit on SIGTERM",
+        )
     }
 
     /// `kill -9` the controller (no chance to flush or shut down).
@@ -484,7 +502,7 @@ impl TestCluster {
             .map(|ws| {
                 ws.iter()
                     .filter_map(|w| {
-                        let id = w["workerId"].as_str()?.to_string();
+                        let id = w["worker_id"].as_str()?.to_string();
                         Some((id, w["healthy"].as_bool().unwrap_or(false)))
                     })
                     .collect()

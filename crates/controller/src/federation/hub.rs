@@ -55,8 +55,13 @@ impl Controller {
             fed::Disposition::Local => Ok(Route::Local),
             fed::Disposition::Queue { pinned_peer } => {
                 if !name.is_root() {
+                    let to = fed::candidate_peers(&constraints, &self.fed.views());
+                    let (peers, pin) = match to.first() {
+                        Some(first) => (to.join(", "), first.as_str()),
+                        None => ("?".to_string(), "<peer>"),
+                    };
                     return Err(Error::invalid(format!(
-                        "job {name} would run on a federation peer, but only whole root jobs federate; submit it as its own job: iris job run --target-cluster <peer> -- <command>"
+                        "job {name} would run on federation peer {peers}, but only whole root jobs federate; submit it as its own job: iris job run --target-cluster {pin} -- <command>"
                     )));
                 }
                 if self.cfg.auth.as_ref().map(|a| a.enforcing).unwrap_or(false)
@@ -117,11 +122,21 @@ impl Controller {
             fed::HandoffState::HandedOff => job::PeerStatus::Assigned,
         } as i32;
         if j.state == iris_types::JobState::Pending.code() {
+            // The peer's own word: why it refused the last offer, or its pending reason for a
+            // job it accepted.
+            let says = match state {
+                fed::HandoffState::Pending => self.fed.refusal_reason(&j.job_id),
+                fed::HandoffState::HandedOff if mirrored => {
+                    sf::mirrored_pending_reason(conn, &j.job_id)?
+                }
+                _ => None,
+            };
             j.pending_reason = fed::pending_reason(
                 state,
                 &h.peer_id,
                 self.fed.peer_reachable(&h.peer_id),
                 mirrored,
+                says.as_deref(),
             );
         }
         Ok(())
@@ -295,6 +310,7 @@ pub(crate) fn tick_pass(ctl: &Controller) -> Result<()> {
         return Ok(());
     }
     let now = iris_store::now_ms();
+    expire_refused(ctl, now)?;
     let (queued, spend, limits) = {
         let conn = ctl.db();
         let q = sf::queued(&*conn)?;
@@ -401,6 +417,43 @@ pub(crate) fn tick_pass(ctl: &Controller) -> Result<()> {
         .any(|n| *n >= f.cfg.max_handoffs_per_cycle);
     if capped && confirmed.len() < candidates.len() + forced.len() {
         ctl.wake();
+    }
+    Ok(())
+}
+
+/// Jobs a peer kept refusing end UNSCHEDULABLE with its reason once their scheduling deadline
+/// passes (`iris_federation::refusal_expired`); records of jobs no longer PENDING are dropped.
+fn expire_refused(ctl: &Controller, now: i64) -> Result<()> {
+    let f = &ctl.fed;
+    let records: Vec<(String, fed::Refusal)> = lock(&f.refusals)
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if records.is_empty() {
+        return Ok(());
+    }
+    let mut done = Vec::new();
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin()?;
+        for (job_id, rec) in &records {
+            let Some(deadline) = sf::pending_deadline(&tx, job_id)? else {
+                done.push(job_id.clone());
+                continue;
+            };
+            let peer = sf::handle(&tx, job_id)?
+                .map(|h| h.peer_id)
+                .unwrap_or_default();
+            if let Some(msg) = fed::refusal_expired(Some(rec), &peer, deadline, now) {
+                sf::expire_refused(&tx, job_id, &msg, now)?;
+                done.push(job_id.clone());
+            }
+        }
+        tx.commit()?;
+    }
+    let mut map = lock(&f.refusals);
+    for j in done {
+        map.remove(&j);
     }
     Ok(())
 }

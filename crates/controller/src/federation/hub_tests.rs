@@ -53,6 +53,7 @@ fn heartbeat(ctl: &Controller, peer: &str, free: i64) {
         PeerRuntime {
             reachable: true,
             refused: None,
+            suspect: false,
             last_contact_ms: iris_store::now_ms(),
             backends: vec![backend],
         },

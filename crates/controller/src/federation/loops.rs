@@ -1,7 +1,7 @@
 //! The per-peer loops: heartbeats (`ListBackends`) and sync rounds (deliver promoted jobs,
 //! re-drive cancels, pull `FederationSync` and mirror it).
 
-use super::{AUTH_FAILURE_VERDICT, CONTROLLER, DELIVERY_BATCH, DELIVERY_CONCURRENCY};
+use super::{CONTROLLER, DELIVERY_BATCH, DELIVERY_CONCURRENCY};
 use crate::error::{Error, Result};
 use crate::{lock, Controller};
 use iris_federation as fed;
@@ -26,17 +26,26 @@ async fn heartbeat_loop(
     peer: String,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
+    let Some(probe) = ctl.fed.probes.get(&peer).cloned() else {
+        return;
+    };
     loop {
+        let (reachable, suspect) = {
+            let peers = lock(&ctl.fed.peers);
+            peers
+                .get(&peer)
+                .map_or((false, false), |rt| (rt.reachable, rt.suspect))
+        };
         let r = ctl
             .peer_call::<_, c::ListBackendsResponse>(
                 &peer,
                 CONTROLLER,
                 "ListBackends",
                 &c::ListBackendsRequest {},
-                Duration::from_secs(10),
+                fed::probe_timeout(reachable, suspect),
             )
             .await;
-        {
+        let wait = {
             let mut peers = lock(&ctl.fed.peers);
             let rt = peers.entry(peer.clone()).or_default();
             match r {
@@ -45,6 +54,7 @@ async fn heartbeat_loop(
                         tracing::info!(peer = %peer, "federation peer reachable");
                     }
                     rt.reachable = true;
+                    rt.suspect = false;
                     rt.refused = None;
                     rt.last_contact_ms = iris_store::now_ms();
                     rt.backends = resp.backends;
@@ -54,15 +64,18 @@ async fn heartbeat_loop(
                         tracing::warn!(peer = %peer, error = %e.message, "federation peer unreachable");
                     }
                     rt.reachable = false;
+                    rt.suspect = false;
                     rt.refused = matches!(e.code, Code::Unauthenticated | Code::PermissionDenied)
                         .then(|| e.message.clone());
                 }
             }
-        }
+            fed::heartbeat_wait(rt.reachable, rt.suspect, ctl.fed.cfg.heartbeat_interval)
+        };
         // New capacity numbers: let the tick place queued jobs now.
         ctl.wake();
         tokio::select! {
-            _ = tokio::time::sleep(ctl.fed.cfg.heartbeat_interval) => {}
+            _ = tokio::time::sleep(wait) => {}
+            _ = probe.notified() => {}
             _ = shutdown.wait_for(|v| *v) => return,
         }
     }
@@ -84,6 +97,8 @@ async fn sync_loop(
             Ok(_) => ctl.fed.cfg.sync_interval,
             Err(e) => {
                 tracing::debug!(peer = %peer, error = %e, "federation sync round");
+                // A failed round may be a dead peer: have the heartbeat loop confirm it now.
+                ctl.fed.suspect(&peer);
                 ctl.fed.cfg.sync_interval
             }
         };
@@ -108,13 +123,22 @@ async fn sync_round(ctl: &Arc<Controller>, peer: &str) -> Result<usize> {
             let conn = ctl.db();
             sf::deliveries(&*conn, peer, DELIVERY_BATCH)?
         };
+        let fetched = batch.len();
+        // A job the peer refused is offered again only after its backoff.
+        let now = iris_store::now_ms();
+        let batch: Vec<sf::Delivery> = {
+            let refusals = lock(&ctl.fed.refusals);
+            batch
+                .into_iter()
+                .filter(|d| fed::may_offer(refusals.get(&d.job_id), now))
+                .collect()
+        };
         if batch.is_empty() {
             break;
         }
-        let n = batch.len();
-        delivered += n;
+        delivered += batch.len();
         deliver(ctl, &client, peer, batch).await;
-        if n < DELIVERY_BATCH {
+        if fetched < DELIVERY_BATCH {
             break;
         }
     }
@@ -206,40 +230,72 @@ async fn deliver(
     let Ok(tx) = conn.begin() else {
         return;
     };
+    let mut suspect = false;
     for (job_id, r) in results {
-        let outcome = match r {
-            Ok(()) => {
-                lock(&ctl.fed.auth_failures).remove(&job_id);
+        let answer = match r {
+            Ok(()) => fed::PeerAnswer::Accepted,
+            Err(e) => match e.code {
+                Code::AlreadyExists | Code::PermissionDenied | Code::InvalidArgument => {
+                    fed::PeerAnswer::Verdict(e.message)
+                }
+                Code::FailedPrecondition | Code::ResourceExhausted => {
+                    fed::PeerAnswer::CannotHost(e.message)
+                }
+                Code::Unauthenticated => fed::PeerAnswer::Unauthenticated(e.message),
+                _ => fed::PeerAnswer::Transient(e.message),
+            },
+        };
+        let detail = match &answer {
+            fed::PeerAnswer::Accepted => String::new(),
+            fed::PeerAnswer::Verdict(m)
+            | fed::PeerAnswer::CannotHost(m)
+            | fed::PeerAnswer::Unauthenticated(m)
+            | fed::PeerAnswer::Transient(m) => m.clone(),
+        };
+        let decision = {
+            let refusals = lock(&ctl.fed.refusals);
+            fed::after_answer(refusals.get(&job_id), answer, now)
+        };
+        let outcome = match decision {
+            fed::AfterAnswer::HandedOff => {
+                lock(&ctl.fed.refusals).remove(&job_id);
                 sf::mark_handed_off(&tx, &job_id, now).map(|_| ())
             }
-            Err(e) => {
-                let verdict = match e.code {
-                    Code::AlreadyExists | Code::PermissionDenied | Code::InvalidArgument => true,
-                    Code::Unauthenticated => {
-                        let mut fails = lock(&ctl.fed.auth_failures);
-                        let n = fails.entry(job_id.clone()).or_default();
-                        *n += 1;
-                        if *n >= AUTH_FAILURE_VERDICT {
-                            fails.remove(&job_id);
-                            true
-                        } else {
-                            false
-                        }
-                    }
-                    _ => false,
+            fed::AfterAnswer::Reject(m) => {
+                lock(&ctl.fed.refusals).remove(&job_id);
+                tracing::warn!(job = %job_id, peer = %peer, error = %m, "handoff rejected");
+                let msg = format!("Peer {peer} rejected the handoff: {m}");
+                sf::mark_rejected(&tx, &job_id, &msg, now).map(|_| ())
+            }
+            fed::AfterAnswer::Wait(rec) => {
+                // Not a glitch: the peer said why. Operators see it at info, users as the
+                // job's pending reason; the next offer waits for the backoff.
+                tracing::info!(
+                    job = %job_id, peer = %peer, reason = %rec.reason, refusals = rec.refusals,
+                    next_offer_in_ms = rec.next_offer_ms - now, "peer cannot host the job yet"
+                );
+                lock(&ctl.fed.refusals).insert(job_id.clone(), rec);
+                sf::note_error(
+                    &tx,
+                    &job_id,
+                    &format!("peer {peer} cannot run it: {detail}"),
+                )
+            }
+            fed::AfterAnswer::Retry { keep, suspect: s } => {
+                suspect |= s;
+                match keep {
+                    Some(rec) => lock(&ctl.fed.refusals).insert(job_id.clone(), rec),
+                    None => lock(&ctl.fed.refusals).remove(&job_id),
                 };
-                let msg = format!("Peer {peer} rejected the handoff: {}", e.message);
-                if verdict {
-                    tracing::warn!(job = %job_id, peer = %peer, error = %e.message, "handoff rejected");
-                    sf::mark_rejected(&tx, &job_id, &msg, now).map(|_| ())
-                } else {
-                    sf::note_error(&tx, &job_id, &format!("delivery to {peer}: {}", e.message))
-                }
+                sf::note_error(&tx, &job_id, &format!("delivery to {peer}: {detail}"))
             }
         };
         if let Err(e) = outcome {
             tracing::error!(job = %job_id, error = %e, "recording a handoff outcome");
         }
+    }
+    if suspect {
+        ctl.fed.suspect(peer);
     }
     if let Err(e) = tx.commit() {
         tracing::error!(error = %e, "committing handoff outcomes");

@@ -74,6 +74,8 @@ struct PeerRuntime {
     reachable: bool,
     /// The peer answered but refused our identity (UNAUTHENTICATED / PERMISSION_DENIED).
     refused: Option<String>,
+    /// A sync round or delivery failed since the last heartbeat answered: probe it now.
+    suspect: bool,
     last_contact_ms: i64,
     backends: Vec<c::BackendSummary>,
 }
@@ -86,16 +88,19 @@ pub(crate) struct Federation {
     pokes: BTreeMap<String, Arc<Notify>>,
     /// One HTTP client per peer, kept for its connection pool (each call adds a fresh token).
     clients: BTreeMap<String, iris_rpc::Client>,
-    /// Consecutive UNAUTHENTICATED delivery answers per job.
-    auth_failures: Mutex<HashMap<String, u32>>,
+    /// Per job: the peer's refusals of its offers (backoff and reason, `iris_federation::after_answer`).
+    refusals: Mutex<HashMap<String, fed::Refusal>>,
+    /// Per peer: wakes its heartbeat loop to probe a suspect peer at once.
+    probes: BTreeMap<String, Arc<Notify>>,
+    /// Peer side, per requester: the pending reason last sent for each pending task (`None`:
+    /// not the requester's task), so a changed reason is sent again (`FederationSync`).
+    pub(crate) sent_reasons: Mutex<HashMap<String, HashMap<String, Option<String>>>>,
 }
 
 /// Deliveries taken per peer per sync round.
 const DELIVERY_BATCH: usize = 512;
 /// Deliveries in flight per peer.
 const DELIVERY_CONCURRENCY: usize = 32;
-/// A delivery refused this many times in a row as UNAUTHENTICATED is a verdict, not a glitch.
-const AUTH_FAILURE_VERDICT: u32 = 3;
 
 impl Federation {
     pub(crate) fn new(cfg: FederationConfig) -> Result<Self> {
@@ -118,13 +123,20 @@ impl Federation {
             .iter()
             .map(|p| (p.id.clone(), PeerRuntime::default()))
             .collect();
+        let cfg_probes = cfg
+            .peers
+            .iter()
+            .map(|p| (p.id.clone(), Arc::new(Notify::new())))
+            .collect();
         Ok(Federation {
             cfg,
             peers: Mutex::new(peers),
             ledger: Mutex::new(fed::ReservationLedger::new()),
             pokes,
             clients,
-            auth_failures: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(HashMap::new()),
+            probes: cfg_probes,
+            sent_reasons: Mutex::new(HashMap::new()),
         })
     }
 
@@ -159,6 +171,24 @@ impl Federation {
                 backends: p.backends.iter().map(backend_view).collect(),
             })
             .collect()
+    }
+
+    /// A call to `peer` failed on the way: mark it suspect and probe it now.
+    fn suspect(&self, peer: &str) {
+        if let Some(rt) = lock(&self.peers).get_mut(peer) {
+            rt.suspect = true;
+        }
+        if let Some(n) = self.probes.get(peer) {
+            n.notify_one();
+        }
+    }
+
+    /// The peer's last reason for refusing `job_id`, if it refused the last offer.
+    fn refusal_reason(&self, job_id: &str) -> Option<String> {
+        lock(&self.refusals)
+            .get(job_id)
+            .filter(|r| r.refusals > 0)
+            .map(|r| r.reason.clone())
     }
 
     fn poke(&self, peer: &str) {

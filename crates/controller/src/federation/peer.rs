@@ -131,6 +131,7 @@ impl Controller {
                 tombstone: false,
             });
         }
+        self.resend_changed_reasons(&*conn, &req.requester_id, &reasons, &mut deltas)?;
         // The requester's whole endpoint set every time (not only changes): it replaces its
         // mirror of them, so a lapsed lease or an ended attempt disappears there within a sync.
         let now = crate::rpc::now();
@@ -155,6 +156,84 @@ impl Controller {
             endpoints,
             budget_usage: None,
         })
+    }
+}
+
+impl Controller {
+    /// A pending task's reason changes without a state change (so without a change-log row):
+    /// tasks of jobs `requester` handed us whose current reason differs from the one last sent
+    /// to it are added to `deltas`, so the hub can show the peer's own words.
+    fn resend_changed_reasons(
+        &self,
+        conn: &impl iris_store::Read,
+        requester: &str,
+        reasons: &std::collections::HashMap<String, String>,
+        deltas: &mut Vec<c::FederationJobDelta>,
+    ) -> Result<()> {
+        let mut all = lock(&self.fed.sent_reasons);
+        let memo = all.entry(requester.to_string()).or_default();
+        memo.retain(|task, _| reasons.contains_key(task));
+        // What this round already sends counts as sent.
+        for d in deltas.iter() {
+            for t in &d.changed_tasks {
+                if reasons.contains_key(&t.task_id) {
+                    memo.insert(t.task_id.clone(), Some(t.pending_reason.clone()));
+                }
+            }
+        }
+        let mut changed: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (task, reason) in reasons {
+            match memo.get(task) {
+                // Not one of this requester's tasks (decided once per task).
+                Some(None) => continue,
+                Some(Some(sent)) if sent == reason => continue,
+                _ => {}
+            }
+            let Some((job_id, _)) = task.rsplit_once('/') else {
+                continue;
+            };
+            let ours = sf::root_handle(conn, job_id)?
+                .is_some_and(|h| h.direction == sf::RECEIVED && h.peer_id == requester);
+            if !ours {
+                memo.insert(task.clone(), None);
+                continue;
+            }
+            memo.insert(task.clone(), Some(reason.clone()));
+            changed
+                .entry(job_id.to_string())
+                .or_default()
+                .push(task.clone());
+        }
+        drop(all);
+        for (job_id, tasks) in changed {
+            let mut full = Vec::with_capacity(tasks.len());
+            for t in &tasks {
+                if let Some(v) = views::task(conn, t, reasons)? {
+                    full.push(v);
+                }
+            }
+            match deltas
+                .iter_mut()
+                .find(|d| d.job_id == job_id && !d.tombstone)
+            {
+                Some(d) => {
+                    d.changed_tasks.retain(|t| !tasks.contains(&t.task_id));
+                    d.changed_tasks.extend(full);
+                }
+                None => {
+                    let Some(summary) = views::job(conn, &job_id, reasons)? else {
+                        continue;
+                    };
+                    deltas.push(c::FederationJobDelta {
+                        job_id,
+                        summary: Some(summary),
+                        changed_tasks: full,
+                        tombstone: false,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 }
 

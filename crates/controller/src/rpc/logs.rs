@@ -27,8 +27,10 @@ impl Controller {
                 )
             })
             .collect();
+        let bytes: usize = lines.iter().map(|l| l.1.len()).sum();
         let mut conn = lock(&self.logs);
         iris_store::logs::append_numbered(&mut conn, &req.key, &lines)?;
+        self.metrics.logs_stored(lines.len(), bytes);
         Ok(fl::PushLogsResponse {})
     }
 

@@ -27,20 +27,14 @@ pub(crate) fn now() -> i64 {
     iris_store::now_ms()
 }
 
-/// Prometheus text: counters an operator (or a test) can watch.
-async fn metrics() -> Response {
-    let body = format!(
-        "# HELP iris_illegal_transitions_total State-machine events dropped as illegal (bugs).\n\
-         # TYPE iris_illegal_transitions_total counter\n\
-         iris_illegal_transitions_total {}\n",
-        iris_store::apply::illegal_transitions()
-    );
+/// Prometheus (OpenMetrics) text: see [`crate::metrics`].
+async fn metrics(State(ctl): State<Ctl>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        body,
+        ctl.metrics.render(),
     )
         .into_response()
 }
@@ -120,11 +114,24 @@ async fn dispatch(
         Ok(id) => id,
         Err(e) => return e.into_response(),
     };
-    crate::auth::with_caller(
+    let started = std::time::Instant::now();
+    let metrics = ctl.clone();
+    let resp = crate::auth::with_caller(
         identity,
-        dispatch_inner(ctl, service, method, headers, body),
+        dispatch_inner(ctl, service, method.clone(), headers, body),
     )
-    .await
+    .await;
+    // Unknown methods (501) are one label, so a caller cannot grow the label set at will.
+    let status = resp.status();
+    let label = if status == axum::http::StatusCode::NOT_IMPLEMENTED {
+        "unknown"
+    } else {
+        method.as_str()
+    };
+    metrics
+        .metrics
+        .rpc(label, status.as_u16(), started.elapsed());
+    resp
 }
 
 async fn dispatch_inner(
@@ -200,6 +207,7 @@ async fn dispatch_inner(
         ("iris.inspect.InspectService", "ListResourceHolds") => call!(list_resource_holds),
         ("iris.inspect.InspectService", "ListHandoffs") => call!(list_handoffs),
         ("iris.inspect.InspectService", "GetCheckpointStatus") => call!(get_checkpoint_status),
+        ("iris.inspect.InspectService", "ExplainTask") => call!(explain_task),
         ("iris.cluster.EndpointService", m) => match m {
             "RegisterEndpoint" => call!(register_endpoint),
             "UnregisterEndpoint" => call!(unregister_endpoint),

@@ -14,8 +14,41 @@ pub struct TaskView<'a> {
     pub spans: &'a [svg::Span],
     /// `ListTaskEvents`, or why it could not be read (e.g. not the job's owner).
     pub events: Result<&'a pb::ListTaskEventsResponse, &'a str>,
+    /// `ExplainTask` for a pending task (or why it could not be read); `None` otherwise.
+    pub explain: Option<Result<&'a pb::ExplainTaskResponse, &'a str>>,
     pub log_tail: &'a [fl::LogEntry],
     pub now: i64,
+}
+
+/// Every worker with the first placement rule that rules the task out (or that it fits).
+fn explanation(r: &pb::ExplainTaskResponse) -> maud::Markup {
+    html! {
+        @if !r.pending { p.muted { (r.note) } }
+        @else {
+            p {
+                "Band " (r.band)
+                @if !r.effective_band.is_empty() && r.effective_band != r.band { " (placed as " (r.effective_band) ")" }
+                @if r.gang_size > 0 { "; coscheduled: " (r.gang_size) " members sharing one value of '" (r.group_by) "'" }
+                "."
+            }
+            @if !r.note.is_empty() { p.muted { (r.note) } }
+            @if r.workers.is_empty() { p.muted { "No workers are registered." } }
+            @else {
+                div.tablewrap { table #explain {
+                    thead { tr { th scope="col" { "Worker" } th scope="col" { "Verdict" } th scope="col" { "Detail" } } }
+                    tbody {
+                        @for w in &r.workers {
+                            tr {
+                                td { (w.worker_id) }
+                                td { (badge(&w.rule)) }
+                                td.reason { (w.detail) }
+                            }
+                        }
+                    }
+                } }
+            }
+        }
+    }
 }
 
 pub fn task_page(v: &TaskView<'_>) -> Page {
@@ -47,6 +80,15 @@ pub fn task_page(v: &TaskView<'_>) -> Page {
             dt { "Duration" } dd { (fmt::span(ms(&t.started_at), ms(&t.finished_at), v.now)) }
             @if !t.error.is_empty() { dt { "Error" } dd.reason { (t.error) } }
             @if !t.pending_reason.is_empty() { dt { "Pending reason" } dd.reason { (t.pending_reason) } }
+        }
+        @if let Some(x) = &v.explain {
+            section aria-labelledby="explain-h" {
+                h2 #explain-h { "Why it waits" }
+                @match x {
+                    Err(e) => (error_box("Cannot explain the task:", e)),
+                    Ok(r) => (explanation(r)),
+                }
+            }
         }
         @if !v.resp.root_cause_highlights.is_empty() {
             section aria-labelledby="rc-h" {

@@ -182,17 +182,21 @@ pub fn delete_job(tx: &Tx<'_>, job_id: &str) -> Result<()> {
     delete_job_raw(&tx.tx, job_id)
 }
 
+/// Subtree matches use the range `[job/, job0)` (`'0'` is the byte after `'/'`), a range scan of
+/// the `job_id` index rather than a scan of every row.
 pub(crate) fn delete_job_raw(tx: &rusqlite::Connection, job_id: &str) -> Result<()> {
     tx.execute(
-        "DELETE FROM endpoints WHERE job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/'",
+        "DELETE FROM endpoints WHERE job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0')",
         [job_id],
     )?;
     tx.execute(
-        "DELETE FROM task_events WHERE task_id IN (SELECT task_id FROM tasks WHERE job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/')",
+        // Task ids are `<job>/<index>`: every task of the job and of its descendants is in the
+        // range [job/, job0), found on task_events' (task_id, id) index.
+        "DELETE FROM task_events WHERE task_id >= ?1 || '/' AND task_id < ?1 || '0'",
         [job_id],
     )?;
     tx.execute(
-        "DELETE FROM jobs WHERE job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/'",
+        "DELETE FROM jobs WHERE job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0')",
         [job_id],
     )?;
     Ok(())

@@ -223,7 +223,7 @@ pub(crate) fn kill_subtree_raw(
 ) -> Result<bool> {
     let jobs: Vec<String> = {
         let mut st = tx.prepare_cached(
-            "SELECT job_id FROM jobs WHERE job_id = ?1 OR substr(job_id, 1, length(?1) + 1) = ?1 || '/'
+            "SELECT job_id FROM jobs WHERE job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0')
              ORDER BY depth",
         )?;
         let rows = st.query_map([job_id], |r| r.get(0))?;

@@ -26,6 +26,34 @@ pub fn illegal_transitions() -> u64 {
     ILLEGAL.load(Ordering::Relaxed)
 }
 
+/// Task steps applied since this process started, by the state each step entered (indexed by
+/// state code). Counted when the step is written, so a transaction that rolls back afterwards
+/// still counts (rare: a failed commit); `/metrics` reads them.
+static ENTERED: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
+
+pub(crate) fn note_entered(state: iris_types::TaskState) {
+    if let Some(c) = usize::try_from(state.code())
+        .ok()
+        .and_then(|i| ENTERED.get(i))
+    {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Task steps applied since this process started, per state entered (every state listed).
+pub fn task_steps_applied() -> Vec<(iris_types::TaskState, u64)> {
+    iris_types::TaskState::ALL
+        .iter()
+        .map(|s| {
+            let n = usize::try_from(s.code())
+                .ok()
+                .and_then(|i| ENTERED.get(i))
+                .map_or(0, |c| c.load(Ordering::Relaxed));
+            (*s, n)
+        })
+        .collect()
+}
+
 pub(crate) fn note_illegal(kind: &str, id: &str, what: &str) {
     ILLEGAL.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(kind, id, what, "illegal transition dropped");

@@ -123,6 +123,7 @@ pub(crate) fn apply_raw(
         return Ok(None);
     };
     let terminal = step.task.is_terminal();
+    super::note_entered(step.task);
     tx.prepare_cached(
         "UPDATE tasks SET state = ?2,
             error = COALESCE(?3, error),
@@ -303,6 +304,7 @@ pub fn assign_task(
         band,
         step.task.code()
     ])?;
+    super::note_entered(step.task);
     insert_event(
         tx,
         task_id,

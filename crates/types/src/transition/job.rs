@@ -24,6 +24,9 @@ pub enum JobEvent {
     QueuedDeadlinePassed,
     /// The federation peer refused the handoff with this verdict.
     HandoffRejected { message: String },
+    /// A job a peer kept refusing (it cannot host it now) outlived its scheduling deadline;
+    /// `message` carries the peer's last reason.
+    RefusedDeadlinePassed { message: String },
     /// Cancelled on the hub before any peer ran it.
     CancelledBeforeHandoff,
 }
@@ -73,6 +76,7 @@ impl JobEvent {
             JobEvent::Complete => "Complete",
             JobEvent::QueuedDeadlinePassed => "QueuedDeadlinePassed",
             JobEvent::HandoffRejected { .. } => "HandoffRejected",
+            JobEvent::RefusedDeadlinePassed { .. } => "RefusedDeadlinePassed",
             JobEvent::CancelledBeforeHandoff => "CancelledBeforeHandoff",
         }
     }
@@ -149,6 +153,15 @@ pub fn job_transition(from: JobState, event: &JobEvent) -> Result<JobStep, JobRe
                     "Scheduling timeout exceeded while queued for a federation peer".into(),
                 ),
             )),
+            _ => Err(JobRejected::Illegal {
+                from,
+                event: event.name(),
+            }),
+        },
+        JobEvent::RefusedDeadlinePassed { message } => match from {
+            J::Pending | J::Building => {
+                Ok(step(J::Unschedulable, ErrorUpdate::Set(message.clone())))
+            }
             _ => Err(JobRejected::Illegal {
                 from,
                 event: event.name(),
@@ -283,6 +296,21 @@ mod tests {
     fn federation_verdicts() {
         let s = job_transition(J::Pending, &JobEvent::QueuedDeadlinePassed).expect("applies");
         assert_eq!(s.state, J::Unschedulable);
+        let refused = JobEvent::RefusedDeadlinePassed {
+            message: "peer b: no worker has 8000m cpu".into(),
+        };
+        let s = job_transition(J::Pending, &refused).expect("applies");
+        assert_eq!(
+            (s.state, s.error),
+            (
+                J::Unschedulable,
+                ErrorUpdate::Set("peer b: no worker has 8000m cpu".into())
+            )
+        );
+        assert!(matches!(
+            job_transition(J::Running, &refused),
+            Err(JobRejected::Illegal { .. })
+        ));
         assert!(matches!(
             job_transition(J::Running, &JobEvent::QueuedDeadlinePassed),
             Err(JobRejected::Illegal { .. })

@@ -1,5 +1,5 @@
-//! A reply as pretty proto3 JSON (lowerCamelCase names, 64-bit integers as strings, enums by
-//! name, default values left out), with the keys of each message in field-number order and the keys
+//! A reply as pretty proto3 JSON (the proto's own snake_case field names, as the published CLI
+//! prints them; 64-bit integers as strings, enums by name, default values left out), with the keys of each message in field-number order and the keys
 //! of each map sorted, so the same reply always prints the same text.
 
 use anyhow::Context as _;
@@ -11,7 +11,10 @@ use std::fmt::Write as _;
 
 pub(crate) fn to_pretty_json(reply: &DynamicMessage) -> anyhow::Result<String> {
     let value = reply
-        .serialize_with_options(serde_json::value::Serializer, &SerializeOptions::new())
+        .serialize_with_options(
+            serde_json::value::Serializer,
+            &SerializeOptions::new().use_proto_field_name(true),
+        )
         .context("rendering the reply as JSON")?;
     let mut out = String::new();
     write(&mut out, &value, Some(&reply.descriptor()), 0)?;
@@ -151,7 +154,13 @@ mod tests {
         let msg = DynamicMessage::deserialize(desc, body.clone()).expect("valid");
         let text = to_pretty_json(&msg).expect("renders");
         let back: Value = serde_json::from_str(&text).expect("JSON");
-        assert_eq!(back, body);
+        let mut want = body.clone();
+        want["environment"] = serde_json::json!({"env_vars": {"Z": "1", "A": "2", "M": "3"}});
+        want["entrypoint"] = serde_json::json!({"run_command": {"argv": ["true"]}});
+        assert_eq!(
+            back, want,
+            "the proto's field names, as the published CLI prints"
+        );
         let pos = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s} in {text}"));
         assert!(
             pos("\"name\"") < pos("\"entrypoint\"") && pos("\"entrypoint\"") < pos("\"replicas\"")

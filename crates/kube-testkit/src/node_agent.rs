@@ -1,0 +1,468 @@
+//! A process kubelet for a *real* API server (`scripts/k8s-testenv.sh`): the nodes there are
+//! Node objects with no kubelet behind them, so this agent plays the kubelet for the pods that
+//! kube-scheduler binds to them. It polls the namespace's pods; a bound pod that has not started
+//! gets its containers run as local processes (each mounted path rewritten to a directory of its
+//! own), its status patched to Running and, once every container exits, to Succeeded or Failed;
+//! a deleted pod has its processes killed and is then removed with grace 0, as a kubelet
+//! confirms a deletion. Container logs go to files in the agent's work dir (the API server's log
+//! endpoint is not served yet).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::process::rewrite_paths;
+use crate::store::now_rfc3339;
+
+/// One container's end.
+#[derive(Debug, Clone)]
+struct Ended {
+    code: i32,
+    at: String,
+}
+
+struct Run {
+    started_at: String,
+    /// Container name → process group id.
+    pgids: Vec<(String, i32)>,
+    images: HashMap<String, String>,
+    ended: Arc<Mutex<HashMap<String, Ended>>>,
+    reported_final: bool,
+}
+
+/// A pod the agent started: its name and the node kube-scheduler bound it to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RanPod {
+    /// Pod name.
+    pub name: String,
+    /// `spec.nodeName`.
+    pub node: String,
+}
+
+/// The running agent; [`NodeAgent::shutdown`] (or drop) stops it and kills what it started.
+pub struct NodeAgent {
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    ran: Arc<Mutex<Vec<RanPod>>>,
+}
+
+impl NodeAgent {
+    /// Starts the agent for the pods of `namespace`, with the client from `kubeconfig`
+    /// (a plain-HTTP one: the workspace's kube client has no TLS stack).
+    pub async fn start(
+        kubeconfig: &Path,
+        namespace: &str,
+        work_dir: PathBuf,
+    ) -> Result<Self, kube::Error> {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+            .map_err(|e| kube::Error::Service(e.to_string().into()))?;
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|e| kube::Error::Service(e.to_string().into()))?;
+        let client = kube::Client::try_from(config)?;
+        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let (stop, mut stopped) = watch::channel(false);
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let ran2 = ran.clone();
+        let task = tokio::spawn(async move {
+            let mut runs: HashMap<String, Run> = HashMap::new();
+            loop {
+                if let Err(e) = pass(&pods, &work_dir, &mut runs, &ran2).await {
+                    tracing::warn!(error = %e, "node agent pass");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = stopped.changed() => break,
+                }
+            }
+            for run in runs.values() {
+                kill(run);
+            }
+        });
+        Ok(Self {
+            stop,
+            task: Some(task),
+            ran,
+        })
+    }
+
+    /// The pods started so far.
+    pub fn ran(&self) -> Vec<RanPod> {
+        self.ran.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Stops polling and kills every process the agent started.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for NodeAgent {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+fn kill(run: &Run) {
+    for (_, pgid) in &run.pgids {
+        crate::process::signal_group(*pgid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+async fn pass(
+    pods: &Api<Pod>,
+    work_dir: &Path,
+    runs: &mut HashMap<String, Run>,
+    ran: &Mutex<Vec<RanPod>>,
+) -> Result<(), kube::Error> {
+    let list = pods.list(&ListParams::default()).await?;
+    let mut seen = HashSet::new();
+    for pod in list.items {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if node.is_empty() || uid.is_empty() {
+            continue;
+        }
+        seen.insert(uid.clone());
+        if pod.metadata.deletion_timestamp.is_some() {
+            if let Some(run) = runs.remove(&uid) {
+                kill(&run);
+                // As a kubelet does, a deleted pod that was running ends in a terminal phase
+                // (its containers killed) before the deletion is confirmed.
+                if !run.reported_final {
+                    let mut ended = run.ended.lock().map(|e| e.clone()).unwrap_or_default();
+                    for (c, _) in &run.pgids {
+                        ended.entry(c.clone()).or_insert(Ended {
+                            code: 137,
+                            at: now_rfc3339(),
+                        });
+                    }
+                    let _ = pods
+                        .patch_status(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(finished(&pod, &run, &ended)),
+                        )
+                        .await;
+                }
+            }
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(kube::api::Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            // Already gone, or waiting on a finalizer: the next pass sees it again.
+            let _ = pods.delete(&name, &dp).await;
+            continue;
+        }
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        match runs.get_mut(&uid) {
+            None if phase.is_empty() || phase == "Pending" => {
+                let run = start_pod(&pod, work_dir);
+                pods.patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(running(&pod, &run)),
+                )
+                .await?;
+                if let Ok(mut r) = ran.lock() {
+                    r.push(RanPod { name, node });
+                }
+                runs.insert(uid, run);
+            }
+            Some(run) if !run.reported_final => {
+                let ended = run.ended.lock().map(|e| e.clone()).unwrap_or_default();
+                if ended.len() == run.pgids.len() {
+                    pods.patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(finished(&pod, run, &ended)),
+                    )
+                    .await?;
+                    run.reported_final = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    runs.retain(|uid, run| {
+        let keep = seen.contains(uid);
+        if !keep {
+            kill(run);
+        }
+        keep
+    });
+    Ok(())
+}
+
+/// Starts every container of the pod; one that cannot start ends at once with code 128.
+fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let short: String = uid.chars().take(8).collect();
+    let root = work_dir.join(format!(
+        "{}_{short}",
+        pod.metadata.name.clone().unwrap_or_default()
+    ));
+    let ended = Arc::new(Mutex::new(HashMap::new()));
+    let mut pgids = Vec::new();
+    let mut images = HashMap::new();
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.clone())
+        .unwrap_or_default();
+    for c in &containers {
+        images.insert(c.name.clone(), c.image.clone().unwrap_or_default());
+        match spawn(pod, c, &root, ended.clone()) {
+            Ok(pgid) => pgids.push((c.name.clone(), pgid)),
+            Err(e) => {
+                tracing::warn!(container = %c.name, error = %e, "node agent: container did not start");
+                pgids.push((c.name.clone(), 0));
+                if let Ok(mut m) = ended.lock() {
+                    m.insert(
+                        c.name.clone(),
+                        Ended {
+                            code: 128,
+                            at: now_rfc3339(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    Run {
+        started_at: now_rfc3339(),
+        pgids,
+        images,
+        ended,
+        reported_final: false,
+    }
+}
+
+fn spawn(
+    pod: &Pod,
+    c: &Container,
+    root: &Path,
+    ended: Arc<Mutex<HashMap<String, Ended>>>,
+) -> std::io::Result<i32> {
+    // Each mount point (and the working directory) becomes a directory under the pod's root.
+    let mut map: Vec<(String, String)> = Vec::new();
+    for m in c.volume_mounts.clone().unwrap_or_default() {
+        let local = root.join("volumes").join(&m.name);
+        std::fs::create_dir_all(&local)?;
+        map.push((
+            m.mount_path.trim_end_matches('/').to_string(),
+            local.to_string_lossy().into_owned(),
+        ));
+    }
+    let workdir = c.working_dir.clone().unwrap_or_default();
+    let wd = workdir.trim_end_matches('/').to_string();
+    if !wd.is_empty() && !map.iter().any(|(from, _)| *from == wd) {
+        let local = root.join("rootfs").join(wd.trim_start_matches('/'));
+        map.push((wd.clone(), local.to_string_lossy().into_owned()));
+    }
+    map.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+    let cwd = if wd.is_empty() {
+        root.join("rootfs")
+    } else {
+        PathBuf::from(rewrite_paths(&wd, &map))
+    };
+    let home = root.join("home");
+    std::fs::create_dir_all(&cwd)?;
+    std::fs::create_dir_all(&home)?;
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
+        ),
+        ("HOME".into(), home.to_string_lossy().into_owned()),
+        (
+            "HOSTNAME".into(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        ),
+    ];
+    for e in c.env.clone().unwrap_or_default() {
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), _) => rewrite_paths(v, &map),
+            (None, Some(from)) => {
+                field_ref(pod, from.field_ref.as_ref().map(|f| f.field_path.as_str()))
+            }
+            (None, None) => String::new(),
+        };
+        env.push((e.name.clone(), value));
+    }
+    let argv: Vec<String> = c
+        .command
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .chain(c.args.clone().unwrap_or_default())
+        .map(|a| rewrite_paths(&a, &map))
+        .collect();
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| std::io::Error::other("no command (images' entrypoints are not run)"))?;
+    let log = std::fs::File::create(root.join(format!("{}.log", c.name)))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .current_dir(&cwd)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()?;
+    let pgid = child
+        .id()
+        .map(|p| p as i32)
+        .ok_or_else(|| std::io::Error::other("process exited before it was observed"))?;
+    let name = c.name.clone();
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        crate::process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+        let code = status.map(crate::process::exit_code).unwrap_or(128);
+        if let Ok(mut m) = ended.lock() {
+            m.insert(
+                name,
+                Ended {
+                    code,
+                    at: now_rfc3339(),
+                },
+            );
+        }
+    });
+    Ok(pgid)
+}
+
+fn field_ref(pod: &Pod, path: Option<&str>) -> String {
+    match path.unwrap_or_default() {
+        "metadata.name" => pod.metadata.name.clone().unwrap_or_default(),
+        "metadata.namespace" => pod.metadata.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => pod.metadata.uid.clone().unwrap_or_default(),
+        "spec.nodeName" => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+        "status.podIP" | "status.hostIP" => "127.0.0.1".into(),
+        _ => String::new(),
+    }
+}
+
+/// The pod's conditions with the four a kubelet owns set; the others (Kueue's, the disruption
+/// controller's) kept, since a merge patch replaces the whole list.
+fn conditions(pod: &Pod, ready: &str, reason: Option<&str>) -> Value {
+    const OWN: [&str; 4] = ["PodScheduled", "Initialized", "ContainersReady", "Ready"];
+    let kept: Vec<Value> = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !OWN.contains(&c.type_.as_str()))
+        .filter_map(|c| serde_json::to_value(c).ok())
+        .collect();
+    let now = now_rfc3339();
+    let cond = |t: &str, s: &str| {
+        let mut c = json!({"type": t, "status": s, "lastTransitionTime": now});
+        if let (Some(r), "False") = (reason, s) {
+            c["reason"] = json!(r);
+        }
+        c
+    };
+    let mut all = vec![
+        cond("PodScheduled", "True"),
+        cond("Initialized", "True"),
+        cond("ContainersReady", ready),
+        cond("Ready", ready),
+    ];
+    all.extend(kept);
+    Value::Array(all)
+}
+
+fn running(pod: &Pod, run: &Run) -> Value {
+    let statuses: Vec<Value> = run
+        .pgids
+        .iter()
+        .map(|(name, pgid)| {
+            json!({
+                "name": name,
+                "image": run.images.get(name).cloned().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("process://{pgid}"),
+                "ready": true,
+                "started": true,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": run.started_at}},
+            })
+        })
+        .collect();
+    json!({"status": {
+        "phase": "Running",
+        "hostIP": "127.0.0.1",
+        "podIP": "127.0.0.1",
+        "podIPs": [{"ip": "127.0.0.1"}],
+        "startTime": run.started_at,
+        "conditions": conditions(pod, "True", None),
+        "containerStatuses": statuses,
+    }})
+}
+
+fn finished(pod: &Pod, run: &Run, ended: &HashMap<String, Ended>) -> Value {
+    let ok = ended.values().all(|e| e.code == 0);
+    let statuses: Vec<Value> = run
+        .pgids
+        .iter()
+        .map(|(name, pgid)| {
+            let e = ended.get(name).cloned().unwrap_or(Ended {
+                code: 128,
+                at: now_rfc3339(),
+            });
+            json!({
+                "name": name,
+                "image": run.images.get(name).cloned().unwrap_or_default(),
+                "imageID": "",
+                "containerID": format!("process://{pgid}"),
+                "ready": false,
+                "started": false,
+                "restartCount": 0,
+                "state": {"terminated": {
+                    "exitCode": e.code,
+                    "reason": if e.code == 0 { "Completed" } else { "Error" },
+                    "startedAt": run.started_at,
+                    "finishedAt": e.at,
+                    "containerID": format!("process://{pgid}"),
+                }},
+            })
+        })
+        .collect();
+    json!({"status": {
+        "phase": if ok { "Succeeded" } else { "Failed" },
+        "conditions": conditions(pod, "False", Some("PodCompleted")),
+        "containerStatuses": statuses,
+    }})
+}
