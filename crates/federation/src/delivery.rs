@@ -31,6 +31,19 @@ pub enum PeerAnswer {
     Transient(String),
 }
 
+impl PeerAnswer {
+    /// The peer's words (empty for an acceptance).
+    pub fn message(&self) -> &str {
+        match self {
+            PeerAnswer::Accepted => "",
+            PeerAnswer::Verdict(m)
+            | PeerAnswer::CannotHost(m)
+            | PeerAnswer::Unauthenticated(m)
+            | PeerAnswer::Transient(m) => m,
+        }
+    }
+}
+
 /// The hub's memory of one job's refused offers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refusal {

@@ -245,13 +245,7 @@ async fn deliver(
                 _ => fed::PeerAnswer::Transient(e.message),
             },
         };
-        let detail = match &answer {
-            fed::PeerAnswer::Accepted => String::new(),
-            fed::PeerAnswer::Verdict(m)
-            | fed::PeerAnswer::CannotHost(m)
-            | fed::PeerAnswer::Unauthenticated(m)
-            | fed::PeerAnswer::Transient(m) => m.clone(),
-        };
+        let detail = answer.message().to_string();
         let decision = {
             let refusals = lock(&ctl.fed.refusals);
             fed::after_answer(refusals.get(&job_id), answer, now)
