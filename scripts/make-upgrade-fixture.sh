@@ -5,7 +5,7 @@
 #   git worktree add /tmp/old <commit> && CARGO_TARGET_DIR=/tmp/old-target cargo build -p iris-cli
 #   scripts/make-upgrade-fixture.sh /tmp/old-target/debug/iris crates/cli/tests/fixtures/upgrade/<schema>
 #
-# `recovery.rs::a_db_and_a_checkpoint_from_the_first_release_open_and_migrate` opens every
+# `recovery.rs::a_db_and_a_checkpoint_from_every_earlier_schema_open_and_migrate` opens every
 # fixture with the current binary.
 set -euo pipefail
 OLD="$(realpath "$1")"

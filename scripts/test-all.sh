@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash crates/dashboard/ci/install-browser.sh
+# The partition test puts daemons in network namespaces with `ip` (iproute2).
+if ! command -v ip >/dev/null; then
+    apt-get install -y iproute2 || { apt-get update && apt-get install -y iproute2; }
+fi
 bash tests/objstore/setup.sh
 cargo test --workspace --all-targets
 bash tests/compat/run.sh

@@ -205,6 +205,10 @@ fn config_port(cfg: &config::ClusterConfig) -> anyhow::Result<Option<u16>> {
 pub struct WorkerArgs {
     #[arg(long)]
     pub worker_id: Option<String>,
+    /// Address the worker serves `Reconcile` on (port 0 picks one); the controller and other
+    /// tasks reach it and its tasks there, so it must be reachable from the controller.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub bind: std::net::SocketAddr,
     #[arg(long, default_value_t = 4)]
     pub cpu: i32,
     #[arg(long, default_value = "16GB")]
@@ -735,7 +739,7 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
     let w = iris_worker::start(iris_worker::WorkerConfig {
         controller_url: url,
         worker_id: id.clone(),
-        bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        bind: a.bind,
         cpu_count: a.cpu,
         memory_bytes: iris_types::resources::parse_bytes(&a.memory)
             .map_err(|e| anyhow::anyhow!("--memory: {e}"))?,

@@ -820,3 +820,232 @@ fn a_job_the_peer_cannot_host_shows_its_reason_backs_off_and_ends_unschedulable(
         "{s}"
     );
 }
+
+/// A TCP relay on 127.0.0.1 in front of a peer that can lose the peer's answers: with
+/// `drop_answers` set, whatever the client sends still reaches the peer, but the first bytes the
+/// peer sends back close both sides instead (the request was delivered, its answer lost).
+struct LossyLink {
+    url: String,
+    drop_answers: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Answers lost so far.
+    lost: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LossyLink {
+    fn to(upstream_url: &str) -> LossyLink {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let upstream = upstream_url.trim_start_matches("http://").to_string();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind relay");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let drop_answers = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicUsize::new(0));
+        let (d, l) = (drop_answers.clone(), lost.clone());
+        // The accept thread ends with the test process (it owns nothing but sockets).
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (Ok(mut c_read), Ok(mut s_write)) = (client.try_clone(), server.try_clone())
+                else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_read, &mut s_write);
+                    let _ = s_write.shutdown(std::net::Shutdown::Write);
+                });
+                let (d, l) = (d.clone(), l.clone());
+                std::thread::spawn(move || {
+                    let (mut s_read, mut c_write) = (server, client);
+                    let mut buf = [0u8; 16 * 1024];
+                    loop {
+                        let n = match s_read.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if d.load(Ordering::SeqCst) {
+                            l.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        if c_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c_write.shutdown(std::net::Shutdown::Both);
+                    let _ = s_read.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        LossyLink {
+            url,
+            drop_answers,
+            lost,
+        }
+    }
+
+    fn set_dropping(&self, on: bool) {
+        self.drop_answers
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn answers_lost(&self) -> usize {
+        self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Jobs on `c` whose id is `job` (a peer must never hold two of one handoff).
+fn copies(c: &TestCluster, job: &str) -> usize {
+    c.jobs(job).iter().filter(|j| j.job_id == job).count()
+}
+
+/// Issue 18, federation faults: the hub's handoff reaches the peer but the peer's answer is
+/// lost (the link drops every answer for a while). The hub offers it again with the same nonce;
+/// the peer acknowledges the job it already has instead of refusing or copying it; the job ends
+/// once, on the peer, and the hub shows that.
+#[test]
+fn a_handoff_whose_answer_is_lost_ends_with_exactly_one_job_on_the_peer() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (hub_key, hub_pub) = init_keys(keys.path(), "hub");
+    let (a_key, _) = init_keys(keys.path(), "cw-a");
+    let a = TestCluster::start_with_config(
+        &[WorkerSpec::cpu(4).device("gpu:H100:8")],
+        Some(&peer_yaml("cw-a", &a_key, ("hub", &hub_pub), "['*']")),
+    );
+    let link = LossyLink::to(&a.url);
+    let mut hub = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(2)],
+        Some(&hub_yaml(&hub_key, &[("cw-a", &link.url)])),
+        &hub_args(),
+    );
+    hub.set_cli_token(Some(user_token(&hub_key, "alice")));
+    wait_reachable(&hub, "cw-a", true);
+    let offers_before = launch_jobs_received(&a);
+
+    link.set_dropping(true);
+    let job = run(
+        &hub,
+        "lost-answer",
+        &["--enable-extra-resources", "--gpu", "H100x1"],
+        &["sh", "-c", "echo ran-once"],
+    );
+    // The peer has it (the request was delivered) and its answer was lost.
+    wait_until(LONG, "the peer to receive the job", || {
+        copies(&a, &job) == 1
+    });
+    wait_until(LONG, "the peer's answer to be lost", || {
+        link.answers_lost() > 0 && launch_jobs_received(&a) > offers_before
+    });
+    let h = hub.handoffs(&job);
+    assert_eq!(
+        h.first().map(|h| h.state),
+        Some(HandoffState::Pending as i32),
+        "the hub has no answer yet: {h:?}"
+    );
+    // The hub keeps offering it while answers are lost.
+    wait_until(LONG, "a second offer of the same handoff", || {
+        launch_jobs_received(&a) >= offers_before + 2
+    });
+    link.set_dropping(false);
+
+    wait_state(&hub, &job, "succeeded");
+    assert_eq!(a.job_state(&job).as_deref(), Some("succeeded"));
+    assert_eq!(copies(&a, &job), 1, "exactly one copy on the peer");
+    let h = hub.handoffs(&job);
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(h[0].state, HandoffState::HandedOff as i32, "{h:?}");
+    // It ran once: one attempt, one line of output.
+    assert_eq!(a.attempts(&format!("{job}/0")).len(), 1);
+    let logs = hub.iris(&["job", "logs", &job]);
+    assert_eq!(logs.ok().matches("ran-once").count(), 1, "{}", logs.stdout);
+}
+
+/// Issue 18, federation faults: a peer restarts from a checkpoint taken before it accepted a
+/// job (its DB lost, the newest checkpoint restored). Its next full snapshot lacks the job; the
+/// hub delivers it again instead of showing a state nobody holds, and it finishes there once.
+#[test]
+fn a_peer_restored_from_a_checkpoint_older_than_a_handoff_gets_the_job_again() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (hub_key, hub_pub) = init_keys(keys.path(), "hub");
+    let (a_key, _) = init_keys(keys.path(), "cw-a");
+    let remote = tempfile::tempdir().expect("remote dir");
+    let remote_url = format!("file://{}", remote.path().display());
+    let mut a = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(4).device("gpu:H100:8")],
+        Some(&peer_yaml("cw-a", &a_key, ("hub", &hub_pub), "['*']")),
+        &["--remote-state-dir", &remote_url],
+    );
+    let hub = {
+        let mut h = TestCluster::start_with_args(
+            &[WorkerSpec::cpu(2)],
+            Some(&hub_yaml(&hub_key, &[("cw-a", &a.url)])),
+            &hub_args(),
+        );
+        h.set_cli_token(Some(user_token(&hub_key, "alice")));
+        h
+    };
+    wait_reachable(&hub, "cw-a", true);
+    // An earlier job, handed off and finished before the checkpoint.
+    let before = run(
+        &hub,
+        "before",
+        &["--enable-extra-resources", "--gpu", "H100x1"],
+        &["true"],
+    );
+    wait_state(&hub, &before, "succeeded");
+    a.iris(&["cluster", "controller", "checkpoint"]).ok();
+
+    let flag = hub.path("go");
+    let job = run(
+        &hub,
+        "after-the-checkpoint",
+        &["--enable-extra-resources", "--gpu", "H100x1"],
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "while [ ! -f {} ]; do sleep 0.1; done; echo finished",
+                flag.display()
+            ),
+        ],
+    );
+    wait_state(&hub, &job, "running");
+
+    // The peer loses its DB and comes back from the older checkpoint.
+    a.kill_controller();
+    for f in [
+        "controller.sqlite3",
+        "controller.sqlite3-wal",
+        "controller.sqlite3-shm",
+    ] {
+        let _ = std::fs::remove_file(a.state_dir.join(f));
+    }
+    a.start_controller_again();
+    assert_eq!(
+        a.job_state(&before).as_deref(),
+        Some("succeeded"),
+        "restored from the checkpoint"
+    );
+
+    // The hub delivers it again; it runs on the peer and finishes there, once.
+    wait_until(LONG, "the job to be delivered again", || {
+        copies(&a, &job) == 1
+    });
+    std::fs::write(&flag, "").expect("flag");
+    wait_state(&hub, &job, "succeeded");
+    assert_eq!(a.job_state(&job).as_deref(), Some("succeeded"));
+    assert_eq!(copies(&a, &job), 1);
+    assert_eq!(
+        hub.job_state(&before).as_deref(),
+        Some("succeeded"),
+        "a job that ended is not touched"
+    );
+    let h = hub.handoffs(&job);
+    assert_eq!(h[0].state, HandoffState::HandedOff as i32, "{h:?}");
+    let log = std::fs::read_to_string(hub.path("controller.log")).unwrap_or_default();
+    assert!(
+        log.contains("peer lost a handed-off job; delivering it again"),
+        "the hub says what it did"
+    );
+}

@@ -22,6 +22,7 @@ mod proxy;
 mod prune;
 mod reconcile;
 mod rpc;
+mod serve;
 pub mod spec;
 #[cfg(test)]
 mod testutil;
@@ -372,6 +373,13 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
         checkpoint::prepare(&cfg).await?
     };
     let ctl = Controller::open(cfg)?;
+    if prepared.restored.is_some() {
+        // Hubs' sync cursors point into the history the checkpoint does not have.
+        let mut conn = ctl.db();
+        let tx = conn.begin()?;
+        iris_store::federation::start_new_history(&tx, iris_store::now_ms())?;
+        tx.commit()?;
+    }
     {
         let mut health = lock(&ctl.checkpoint_health);
         health.restored = prepared.restored;
@@ -401,17 +409,7 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     tokio::spawn(prune::periodic(ctl.clone(), rx.clone()));
     reconcile::start_known_workers(&ctl, rx.clone())?;
     federation::start(&ctl, rx.clone());
-    let mut srx = rx.clone();
-    let server = tokio::spawn(async move {
-        let _ = axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = srx.wait_for(|v| *v).await;
-        })
-        .await;
-    });
+    let server = tokio::spawn(serve::serve(listener, app, rx.clone()));
     Ok(RunningController {
         controller: ctl,
         addr,

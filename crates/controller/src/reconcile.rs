@@ -333,22 +333,66 @@ async fn reconcile_loop(
                 tracing::warn!(worker = %worker_id, failures, error = %e, "reconcile failed");
                 if failures >= 3 && last_ok.elapsed() >= ctl.cfg.worker_grace {
                     tracing::warn!(worker = %worker_id, "declaring worker failed");
-                    let mut conn = ctl.db();
-                    let done = (|| -> iris_store::Result<()> {
-                        let tx = conn.begin()?;
-                        apply::fail_worker(&tx, &worker_id, iris_store::now_ms())?;
-                        tx.commit()
-                    })();
-                    drop(conn);
+                    let done = {
+                        let mut conn = ctl.db();
+                        (|| -> iris_store::Result<()> {
+                            let tx = conn.begin()?;
+                            apply::fail_worker(&tx, &worker_id, iris_store::now_ms())?;
+                            tx.commit()
+                        })()
+                    };
                     if let Err(e) = done {
                         tracing::error!(worker = %worker_id, error = %e, "failing worker");
                         continue;
                     }
                     forget_link(&ctl, &worker_id, generation);
                     ctl.wake();
+                    let url = client.base().to_string();
+                    fence(&ctl, &worker_id, &url).await;
                     return;
                 }
             }
+        }
+    }
+}
+
+/// How long a lost worker is fenced: past the default worker `heartbeat_timeout` (600 s), after
+/// which a worker still cut off has stopped its attempts by itself.
+const FENCE_FOR: Duration = Duration::from_secs(15 * 60);
+const FENCE_EVERY: Duration = Duration::from_secs(1);
+
+/// A worker declared lost may only be cut off: its attempts, already rerun elsewhere, live on
+/// until its own lease (`heartbeat_timeout`) lapses. So the controller keeps offering it an
+/// empty desired set flagged as a fence, once a second; the first that gets through (the
+/// partition healed) stops every attempt it still runs and has it register afresh. Ends then,
+/// when the worker registers again by itself, or after [`FENCE_FOR`].
+async fn fence(ctl: &Controller, worker_id: &str, url: &str) {
+    let Ok(client) = iris_rpc::Client::new(url) else {
+        return;
+    };
+    let client = client.with_header(iris_rpc::FENCE_HEADER, "lost");
+    let until = Instant::now() + FENCE_FOR;
+    while Instant::now() < until {
+        tokio::time::sleep(FENCE_EVERY).await;
+        if lock(&ctl.workers).contains_key(worker_id) {
+            // Registered again: its new link's reconciles say what it should run.
+            return;
+        }
+        let req = w::ReconcileRequest {
+            worker_id: worker_id.to_string(),
+            desired: Vec::new(),
+        };
+        let r: Result<w::ReconcileResponse, _> = client
+            .call(
+                "iris.cluster.WorkerService",
+                "Reconcile",
+                &req,
+                Duration::from_secs(3),
+            )
+            .await;
+        if r.is_ok() {
+            tracing::warn!(worker = %worker_id, "a worker declared lost answered again; its attempts were stopped (fenced)");
+            return;
         }
     }
 }

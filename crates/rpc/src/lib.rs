@@ -291,9 +291,16 @@ pub struct Client {
     /// Sent as `x-forwarded-for` (a relay such as the dashboard naming its own caller, so the
     /// controller never mistakes the relay's loopback connection for the caller).
     forwarded_for: Option<String>,
+    /// Further headers sent on every call (see [`Client::with_header`]).
+    extra: Vec<(&'static str, String)>,
     /// Parsed URL per `service/method`: parsing (with IDNA) on every call showed in profiles.
     urls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, reqwest::Url>>>,
 }
+
+/// On a `Reconcile`: the controller has declared this worker lost (its attempts rerun
+/// elsewhere). The request's desired set is empty, so the worker stops every attempt; the header
+/// tells it to register afresh instead of waiting out its heartbeat timeout.
+pub const FENCE_HEADER: &str = "x-iris-fence";
 
 impl Client {
     pub fn new(base: &str) -> Result<Self, RpcError> {
@@ -307,6 +314,7 @@ impl Client {
             base: base.trim_end_matches('/').to_string(),
             token: None,
             forwarded_for: None,
+            extra: Vec::new(),
             urls: Default::default(),
         })
     }
@@ -320,6 +328,12 @@ impl Client {
     /// Sends `x-forwarded-for: <addr>` on every call.
     pub fn with_forwarded_for(mut self, addr: Option<String>) -> Self {
         self.forwarded_for = addr.filter(|a| !a.is_empty());
+        self
+    }
+
+    /// Sends `name: value` on every call (for example [`FENCE_HEADER`]).
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.extra.push((name, value.into()));
         self
     }
 
@@ -365,6 +379,9 @@ impl Client {
         }
         if let Some(f) = &self.forwarded_for {
             rb = rb.header("x-forwarded-for", f.as_str());
+        }
+        for (k, v) in &self.extra {
+            rb = rb.header(*k, v.as_str());
         }
         let resp = rb.send().await.map_err(|e| {
             RpcError::new(

@@ -444,6 +444,42 @@ pub fn append_changelog(
     Ok(())
 }
 
+/// After a restore from a checkpoint: the change log starts a new history whose numbers are
+/// above any its previous life can have issued (`now_ms × 1000`: fewer than a thousand changes a
+/// millisecond since it was first written), so every requester's cursor reads as stale and gets
+/// a full snapshot, from which it learns which handed-off jobs this cluster no longer has.
+pub fn start_new_history(tx: &Tx<'_>, now_ms: i64) -> Result<()> {
+    let raw = tx.raw();
+    raw.prepare_cached("DELETE FROM federation_changelog")?
+        .execute([])?;
+    let floor = now_ms.saturating_mul(1000);
+    let n = raw
+        .prepare_cached(
+            "UPDATE sqlite_sequence SET seq = MAX(seq, ?1) WHERE name = 'federation_changelog'",
+        )?
+        .execute([floor])?;
+    if n == 0 {
+        raw.prepare_cached(
+            "INSERT INTO sqlite_sequence(name, seq) VALUES ('federation_changelog', ?1)",
+        )?
+        .execute([floor])?;
+    }
+    Ok(())
+}
+
+/// The peer lost a handed-off root (see [`crate::mirror::reset_for_redelivery`]): HANDED_OFF →
+/// PENDING with the same nonce, so the next sync round delivers it again, noting why.
+pub fn redeliver(tx: &Tx<'_>, job_id: &str, note: &str) -> Result<bool> {
+    let n = tx
+        .raw()
+        .prepare_cached(
+            "UPDATE federated_jobs SET handoff_state = 0, handed_off_at_ms = NULL, last_error = ?2
+             WHERE job_id = ?1 AND direction = 0 AND handoff_state = 1",
+        )?
+        .execute(params![job_id, note])?;
+    Ok(n > 0)
+}
+
 /// What changed for a requester since a cursor.
 #[derive(Clone, Debug, Default)]
 pub struct Changes {
@@ -466,6 +502,9 @@ pub fn changes_since(conn: &impl Read, requester: &str, cursor: &str) -> Result<
     let parsed = cursor.trim().parse::<i64>().ok();
     let stale = match (parsed, min_seq) {
         (None, _) => true,
+        // A cursor this log never issued: the requester saw a history this DB does not have
+        // (it was restored from an older checkpoint).
+        (Some(c), _) if c > max_seq => true,
         (Some(c), Some(min)) => min > 0 && c < min - 1,
         (Some(_), None) => false,
     };

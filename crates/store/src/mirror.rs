@@ -75,6 +75,52 @@ pub fn kill_mirrored(tx: &Tx<'_>, job_id: &str, reason: &str, now: i64) -> Resul
     Ok(())
 }
 
+/// The peer no longer has a root it accepted (it restarted from a state older than the
+/// handoff): the mirror is wound back to an undelivered root, so that delivery sends it again.
+/// Mirrored descendants go; the root's tasks are PENDING again without attempts, their status
+/// saying why; the root is PENDING. A root that already ended here is left as it is (`false`).
+pub fn reset_for_redelivery(tx: &Tx<'_>, job_id: &str, note: &str) -> Result<bool> {
+    static ROOT: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET state = {}, error = NULL, exit_code = NULL, started_at_ms = NULL,
+                 finished_at_ms = NULL
+             WHERE job_id = ?1 AND state IN {}",
+            JobState::Pending.code(),
+            *JOB_LIVE
+        )
+    });
+    static TASKS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE tasks SET state = {}, error = NULL, exit_code = NULL, started_at_ms = NULL,
+                 finished_at_ms = NULL, current_attempt_id = -1, current_worker_address = NULL,
+                 status_message = ?2
+             WHERE job_id = ?1",
+            TaskState::Pending.code()
+        )
+    });
+    let raw = tx.raw();
+    if raw.prepare_cached(&ROOT)?.execute([job_id])? == 0 {
+        return Ok(false);
+    }
+    // Descendants (ids in [root/, root0)) with their events and endpoints; their tasks and
+    // attempts follow by cascade.
+    raw.prepare_cached("DELETE FROM endpoints WHERE job_id >= ?1 || '/' AND job_id < ?1 || '0'")?
+        .execute([job_id])?;
+    raw.prepare_cached(
+        "DELETE FROM task_events WHERE task_id >= ?1 || '/' AND task_id < ?1 || '0'
+           AND task_id NOT IN (SELECT task_id FROM tasks WHERE job_id = ?1)",
+    )?
+    .execute([job_id])?;
+    raw.prepare_cached("DELETE FROM jobs WHERE job_id >= ?1 || '/' AND job_id < ?1 || '0'")?
+        .execute([job_id])?;
+    raw.prepare_cached(
+        "DELETE FROM task_attempts WHERE task_id IN (SELECT task_id FROM tasks WHERE job_id = ?1)",
+    )?
+    .execute([job_id])?;
+    raw.prepare_cached(&TASKS)?.execute(params![job_id, note])?;
+    Ok(true)
+}
+
 /// Deletes a mirrored job (a peer tombstone).
 pub fn delete_mirrored(tx: &Tx<'_>, job_id: &str) -> Result<()> {
     crate::apply::delete_job_raw(tx.raw(), job_id)

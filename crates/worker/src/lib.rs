@@ -88,6 +88,8 @@ struct Inner {
     python_home: Option<PathBuf>,
     attempts: Mutex<HashMap<String, Attempt>>,
     last_reconcile: Mutex<Instant>,
+    /// Set by a fencing `Reconcile` (the controller declared this worker lost): register again.
+    fenced: std::sync::atomic::AtomicBool,
     http: reqwest::Client,
     rpc: iris_rpc::Client,
 }
@@ -144,6 +146,7 @@ pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
         python_home,
         attempts: Mutex::new(HashMap::new()),
         last_reconcile: Mutex::new(Instant::now()),
+        fenced: std::sync::atomic::AtomicBool::new(false),
         http: reqwest::Client::new(),
         rpc,
         cfg,

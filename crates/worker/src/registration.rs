@@ -112,6 +112,16 @@ pub(crate) async fn registration_loop(
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 _ = shutdown.wait_for(|v| *v) => return,
             }
+            if inner
+                .fenced
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                tracing::warn!(
+                    "the controller declared this worker lost (its tasks run elsewhere now); stopped every task, registering again"
+                );
+                abandon_all(&inner);
+                break;
+            }
             if lock(&inner.last_reconcile).elapsed() > inner.cfg.heartbeat_timeout {
                 tracing::warn!(
                     "no reconcile within the heartbeat timeout; killing tasks and re-registering"

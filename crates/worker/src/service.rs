@@ -25,9 +25,20 @@ pub(crate) async fn dispatch(
     use axum::response::IntoResponse;
     match (service.as_str(), method.as_str()) {
         ("iris.cluster.WorkerService", "Reconcile") => {
-            iris_rpc::unary(&headers, &body, |req| {
+            let fence = headers.contains_key(iris_rpc::FENCE_HEADER);
+            iris_rpc::unary(&headers, &body, |req: w::ReconcileRequest| {
                 let inner = inner.clone();
-                async move { reconcile(&inner, req) }
+                async move {
+                    // A fence carries an empty desired set: every live attempt is stopped below.
+                    let fence = fence && req.desired.is_empty();
+                    let r = reconcile(&inner, req);
+                    if fence && r.is_ok() {
+                        inner
+                            .fenced
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    r
+                }
             })
             .await
         }

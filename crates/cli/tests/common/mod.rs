@@ -76,6 +76,11 @@ pub struct Out {
 }
 
 impl Out {
+    /// A finished command's exit code and output.
+    pub fn of(o: Output) -> Out {
+        Out::from(o)
+    }
+
     fn from(o: Output) -> Out {
         Out {
             code: o.status.code().unwrap_or(-1),
@@ -221,7 +226,18 @@ fn scratch() -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 fn base_cmd(cwd: &Path) -> Command {
-    let mut c = Command::new(IRIS);
+    scrub(Command::new(IRIS), cwd)
+}
+
+/// `iris` inside network namespace `ns` (`ip netns exec` execs it, so the child's pid is
+/// iris's own), with the same clean environment as every other test invocation.
+pub fn netns_cmd(ns: &str, cwd: &Path) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, IRIS]);
+    scrub(c, cwd)
+}
+
+fn scrub(mut c: Command, cwd: &Path) -> Command {
     c.current_dir(cwd)
         .env_remove("IRIS_CONTROLLER_URL")
         .env_remove("IRIS_TASK_ID")
@@ -954,6 +970,21 @@ impl Daemon {
             .expect("spawn iris");
         Daemon(Proc {
             name: args.join(" "),
+            child,
+        })
+    }
+
+    /// Starts `iris <args>` inside network namespace `ns`, its output to `log`.
+    pub fn spawn_netns(ns: &str, cwd: &Path, args: &[&str], log: &Path) -> Daemon {
+        let log = std::fs::File::create(log).expect("log file");
+        let child = netns_cmd(ns, cwd)
+            .args(args)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn iris in a network namespace");
+        Daemon(Proc {
+            name: format!("{ns}: {}", args.join(" ")),
             child,
         })
     }

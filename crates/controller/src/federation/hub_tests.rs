@@ -212,3 +212,126 @@ async fn a_child_cancel_that_cannot_be_sent_is_recorded_and_stays_pending_until_
         .expect("pending")
         .is_empty());
 }
+
+fn mirror_running(ctl: &Controller, job_id: &str, state: JobState) {
+    use iris_store::mirror as m;
+    static UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0xa0);
+    let uid = || {
+        format!(
+            "{:016x}",
+            UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        )
+    };
+    let mut conn = ctl.db();
+    let tx = conn.begin().expect("tx");
+    let now = iris_store::now_ms();
+    let task = m::MirrorTask {
+        task_index: 0,
+        state: iris_types::TaskState::Running.code(),
+        started_at_ms: Some(now),
+        current_attempt_id: 0,
+        worker_address: "peer-worker:1".into(),
+        attempts: vec![m::MirrorAttempt {
+            attempt_id: 0,
+            state: iris_types::TaskState::Running.code(),
+            started_at_ms: Some(now),
+            attempt_uid: uid(),
+            worker_id: "peer-worker".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let job = m::MirrorJob {
+        job_id: job_id.into(),
+        state: state.code(),
+        started_at_ms: Some(now),
+        num_tasks: 1,
+        ..Default::default()
+    };
+    m::apply_mirror(&tx, "west", &job, std::slice::from_ref(&task), now).expect("mirror root");
+    let child = m::MirrorJob {
+        job_id: format!("{job_id}/eval"),
+        ..job.clone()
+    };
+    let mut child_task = task.clone();
+    child_task.attempts[0].attempt_uid = uid();
+    m::apply_mirror(&tx, "west", &child, &[child_task], now).expect("mirror child");
+    tx.commit().expect("commit");
+}
+
+/// Issue 18, federation faults: the peer restarted from a checkpoint older than a handoff, so
+/// its full snapshot lacks a root it had accepted. That root is wound back (children gone, its
+/// task PENDING without attempts) and queued for delivery to the same peer again; roots the
+/// snapshot has, and roots that already ended here, are left alone.
+#[test]
+fn a_handed_off_job_the_peers_snapshot_lacks_is_delivered_again() {
+    let ctl = hub();
+    heartbeat(&ctl, "west", 8);
+    for j in ["/alice/lost", "/alice/kept", "/alice/done"] {
+        queue_gpu_job(&ctl, j, iris_store::now_ms(), None);
+    }
+    tick_pass(&ctl).expect("pass");
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        for j in ["/alice/lost", "/alice/kept", "/alice/done"] {
+            assert_eq!(sf::handle(&tx, j).expect("h").expect("h").peer_id, "west");
+            assert!(sf::mark_handed_off(&tx, j, iris_store::now_ms()).expect("mark"));
+        }
+        tx.commit().expect("commit");
+    }
+    mirror_running(&ctl, "/alice/lost", JobState::Running);
+    mirror_running(&ctl, "/alice/kept", JobState::Running);
+    mirror_running(&ctl, "/alice/done", JobState::Succeeded);
+    let nonce = handle(&ctl, "/alice/lost").nonce;
+
+    let snapshot = vec![c::FederationJobDelta {
+        job_id: "/alice/kept".into(),
+        ..Default::default()
+    }];
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        super::super::loops::redeliver_lost(&tx, "west", &snapshot).expect("reconcile");
+        tx.commit().expect("commit");
+    }
+
+    let lost = handle(&ctl, "/alice/lost");
+    assert_eq!(lost.handoff_state, sf::PENDING);
+    assert_eq!(lost.peer_id, "west");
+    assert_eq!(
+        lost.nonce, nonce,
+        "the same handoff, so a lost answer stays idempotent"
+    );
+    assert_eq!(job_row(&ctl, "/alice/lost").state, JobState::Pending.code());
+    assert!(
+        crate::views::job(&*ctl.db(), "/alice/lost/eval", &Default::default())
+            .expect("read")
+            .is_none()
+    );
+    let task = crate::views::task(&*ctl.db(), "/alice/lost/0", &Default::default())
+        .expect("read")
+        .expect("task");
+    assert_eq!(task.state, iris_types::TaskState::Pending.code());
+    assert!(task.attempts.is_empty(), "{:?}", task.attempts);
+    assert!(task.status_message.contains("no longer has this job"));
+    let queued: Vec<String> = sf::deliveries(&*ctl.db(), "west", 10)
+        .expect("deliveries")
+        .into_iter()
+        .map(|d| d.job_id)
+        .collect();
+    assert_eq!(queued, vec!["/alice/lost".to_string()]);
+
+    for (j, state) in [
+        ("/alice/kept", JobState::Running),
+        ("/alice/done", JobState::Succeeded),
+    ] {
+        assert_eq!(handle(&ctl, j).handoff_state, sf::HANDED_OFF, "{j}");
+        assert_eq!(job_row(&ctl, j).state, state.code(), "{j}");
+        assert!(
+            crate::views::job(&*ctl.db(), &format!("{j}/eval"), &Default::default())
+                .expect("read")
+                .is_some()
+        );
+    }
+}

@@ -364,8 +364,36 @@ async fn pull(ctl: &Arc<Controller>, client: &iris_rpc::Client, peer: &str) -> R
             mirror::apply_mirror(&tx, peer, &job, &tasks, now)?;
         }
     }
+    if resp.cursor_stale {
+        redeliver_lost(&tx, peer, &resp.deltas)?;
+    }
     sf::set_cursor(&tx, peer, &resp.next_cursor)?;
     tx.commit()?;
+    Ok(())
+}
+
+/// A full snapshot lists every job the peer holds for us. A live root we handed off that is not
+/// in it was lost by the peer (it restarted from a state older than the handoff): it is wound
+/// back and delivered again, never left showing a state nobody holds. (The reference drops the
+/// handle; the job then shows its last mirrored state for ever.)
+pub(super) fn redeliver_lost(
+    tx: &iris_store::Tx<'_>,
+    peer: &str,
+    deltas: &[c::FederationJobDelta],
+) -> Result<()> {
+    let present: std::collections::HashSet<&str> =
+        deltas.iter().map(|d| d.job_id.as_str()).collect();
+    for job_id in sf::handed_off_roots(tx, peer)? {
+        if present.contains(job_id.as_str()) {
+            continue;
+        }
+        let note = format!(
+            "peer {peer} no longer has this job (it restarted from a state older than the handoff); delivering it again"
+        );
+        if mirror::reset_for_redelivery(tx, &job_id, &note)? && sf::redeliver(tx, &job_id, &note)? {
+            tracing::warn!(job = %job_id, peer = %peer, "peer lost a handed-off job; delivering it again");
+        }
+    }
     Ok(())
 }
 

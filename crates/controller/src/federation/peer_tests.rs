@@ -182,3 +182,68 @@ fn a_requester_may_only_act_on_jobs_it_handed_to_us() {
         );
     }
 }
+
+/// A received job, with the change-log row the peer writes when it accepts it.
+fn receive(ctl: &Controller, job: &str) {
+    insert_job_at(ctl, &request(job, 1, 1000), iris_store::now_ms(), None);
+    let mut conn = ctl.db();
+    let tx = conn.begin().expect("tx");
+    sf::insert_handle(&tx, job, sf::RECEIVED, "hub", "alice", sf::HANDED_OFF, "n")
+        .expect("received handle");
+    sf::append_changelog(&tx, job, "hub", None, false, iris_store::now_ms()).expect("log");
+    tx.commit().expect("commit");
+}
+
+async fn sync(ctl: &Controller, cursor: &str) -> c::FederationSyncResponse {
+    ctl.federation_sync(c::FederationSyncRequest {
+        requester_id: "hub".into(),
+        cursor: cursor.into(),
+        budget_policy: None,
+    })
+    .await
+    .expect("sync")
+}
+
+/// Issue 18, federation faults: a peer restored from a checkpoint older than a hub's cursor
+/// must not answer that cursor with "nothing new" (or with the new history's tail): every cursor
+/// of its previous life reads as stale, so the hub gets the full set and can see what is gone.
+#[tokio::test]
+async fn after_a_restore_every_cursor_of_the_previous_history_is_stale() {
+    let ctl = controller();
+    receive(&ctl, "/alice/kept");
+    let first = sync(&ctl, "").await;
+    assert!(first.cursor_stale, "an empty cursor gets everything");
+    assert_eq!(first.deltas.len(), 1);
+    // In step: nothing new, not stale.
+    let caught_up = sync(&ctl, &first.next_cursor).await;
+    assert!(!caught_up.cursor_stale);
+    assert!(caught_up.deltas.is_empty());
+    // The hub saw more of this history than the checkpoint holds.
+    receive(&ctl, "/alice/after-the-checkpoint");
+    let ahead = sync(&ctl, &first.next_cursor).await.next_cursor;
+    let ahead_n: i64 = ahead.parse().expect("cursor");
+    // A cursor the log never issued is stale (as after a restore, before any new change).
+    let beyond = sync(&ctl, &(ahead_n + 5).to_string()).await;
+    assert!(beyond.cursor_stale);
+    assert_eq!(beyond.deltas.len(), 2);
+
+    // The restore: a new history.
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        sf::start_new_history(&tx, iris_store::now_ms()).expect("new history");
+        tx.commit().expect("commit");
+    }
+    let before_any_change = sync(&ctl, &ahead).await;
+    assert!(before_any_change.cursor_stale, "no rows yet, cursor beyond");
+    // New changes number above anything the previous history issued: the old cursor still
+    // reads as stale rather than as a position in the new history.
+    receive(&ctl, "/alice/new");
+    let after = sync(&ctl, &ahead).await;
+    assert!(after.cursor_stale, "an old cursor after new changes");
+    assert_eq!(after.deltas.len(), 3, "the full set");
+    let new_cursor: i64 = after.next_cursor.parse().expect("cursor");
+    assert!(new_cursor > ahead_n, "{new_cursor} > {ahead_n}");
+    let in_step = sync(&ctl, &after.next_cursor).await;
+    assert!(!in_step.cursor_stale && in_step.deltas.is_empty());
+}
