@@ -39,6 +39,15 @@ if [[ "$("$VENV/bin/pip" show py-spy 2>/dev/null || true)" != *"Version: 0.4.3"*
     "$VENV/bin/pip" install -q --disable-pip-version-check "py-spy==0.4.3"
 fi
 
+# The published controller itself (and the finelog server it starts): the mixed-federation
+# step runs it as hub and as peer beside ours. Checked on its own so an existing venv gets it.
+FINELOG_SERVER_VERSION="0.2.71.dev40003900277"
+if [[ "$("$VENV/bin/pip" show marin-finelog-server 2>/dev/null || true)" != *"Version: $FINELOG_SERVER_VERSION"* ]] ||
+    [[ "$("$VENV/bin/pip" show kubernetes 2>/dev/null || true)" != *"Version: "* ]]; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check \
+        "marin-iris[controller]==$MARIN_IRIS_VERSION" "marin-finelog-server==$FINELOG_SERVER_VERSION" "httpx<1"
+fi
+
 cargo build -q -p iris-cli
 BIN="$ROOT/target/debug/iris"
 
@@ -93,5 +102,13 @@ if [[ -z "$URL" ]]; then
 fi
 echo "compat: controller $URL (published CLI $VENV/bin/iris)"
 
+STATUS=0
 "$VENV/bin/python" "$ROOT/tests/compat/compat_test.py" --controller-url "$URL" --iris "$VENV/bin/iris" \
-    --cluster-log "$LOG" "$@"
+    --cluster-log "$LOG" "$@" || STATUS=$?
+# Mixed federations (its own controllers, started and stopped by the script): skipped when
+# `-k` selects single-cluster steps only.
+if [[ $# -eq 0 ]] || [[ "$*" == *federation* ]]; then
+    "$VENV/bin/python" "$ROOT/tests/compat/federation_test.py" --ours "$BIN" --published "$VENV/bin/iris" ||
+        STATUS=$?
+fi
+exit "$STATUS"

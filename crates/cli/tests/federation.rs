@@ -152,6 +152,31 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     );
     assert_eq!(av["amounts"]["h100"], "8", "{ps}");
     assert_eq!(av["total_amounts"]["h100"], "8", "{ps}");
+    // The reference's worker-daemon backend: its id and kind, and only routing attributes.
+    let ba = &pa["backends"][0];
+    assert_eq!(ba["backend_id"], "default", "{ps}");
+    assert_eq!(ba["kind"], "worker-daemon", "{ps}");
+    assert_eq!(ba["name"], "cw-a", "{ps}");
+    assert_eq!(ba["capabilities"], serde_json::json!(["workers"]), "{ps}");
+    let keys: Vec<&str> = ba["advertised_attributes"]
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        keys,
+        vec![
+            "availability:h100",
+            "device-type",
+            "device-variant",
+            "preemptible"
+        ],
+        "{ps}"
+    );
+    assert_eq!(
+        ba["advertised_attributes"]["device-variant"]["values"],
+        serde_json::json!(["h100"]),
+        "{ps}"
+    );
     assert!(
         !peer(&ps, "cw-c")["reachable"].as_bool().unwrap_or(false),
         "{ps}"

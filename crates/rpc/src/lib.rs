@@ -413,27 +413,51 @@ impl Client {
             return Resp::decode(bytes.as_slice())
                 .map_err(|e| RpcError::internal(format!("invalid response from {url}: {e}")));
         }
-        if is_json {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-                let code = v
-                    .get("code")
-                    .and_then(|c| c.as_str())
-                    .map(Code::parse)
-                    .unwrap_or(Code::Unknown);
-                let message = v
-                    .get("message")
-                    .and_then(|c| c.as_str())
-                    .unwrap_or("")
-                    .to_string();
-                return Err(RpcError { code, message });
-            }
-        }
-        let code = match status.as_u16() {
+        // Connect's mapping for an HTTP status without a Connect error body.
+        let by_status = match status.as_u16() {
+            400 => Code::Internal,
+            401 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
             404 => Code::Unimplemented,
-            502..=504 => Code::Unavailable,
+            429 | 502..=504 => Code::Unavailable,
             _ => Code::Unknown,
         };
-        Err(RpcError::new(code, format!("HTTP {status} from {url}")))
+        let json = if is_json {
+            serde_json::from_slice::<serde_json::Value>(&bytes).ok()
+        } else {
+            None
+        };
+        if let Some(v) = json.as_ref().filter(|v| v.get("code").is_some()) {
+            let code = v
+                .get("code")
+                .and_then(|c| c.as_str())
+                .map(Code::parse)
+                .unwrap_or(by_status);
+            let message = v
+                .get("message")
+                .and_then(|c| c.as_str())
+                .unwrap_or("")
+                .to_string();
+            return Err(RpcError { code, message });
+        }
+        // Not a Connect error (a proxy's or a web framework's page): say what came back.
+        let said = json
+            .as_ref()
+            .and_then(|v| {
+                ["error", "detail", "message"]
+                    .iter()
+                    .find_map(|k| v.get(*k).and_then(|m| m.as_str()).map(str::to_string))
+            })
+            .unwrap_or_else(|| {
+                let text = String::from_utf8_lossy(&bytes);
+                text.trim().chars().take(200).collect()
+            });
+        let message = if said.is_empty() {
+            format!("HTTP {status} from {url}")
+        } else {
+            format!("HTTP {status} from {url}: {said}")
+        };
+        Err(RpcError::new(by_status, message))
     }
 }
 
@@ -443,4 +467,75 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
         cur = next;
     }
     cur.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+
+    /// A server that answers every call with `status` and `body` (as JSON when `json`).
+    async fn answering(status: StatusCode, body: &'static str, json: bool) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let ct = if json {
+            "application/json"
+        } else {
+            "text/html"
+        };
+        let app = axum::Router::new().route(
+            "/{service}/{method}",
+            post(move || async move { (status, [("content-type", ct)], body) }),
+        );
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        url
+    }
+
+    async fn call(url: &str) -> RpcError {
+        Client::new(url)
+            .expect("client")
+            .call::<(), ()>("s.S", "M", &(), Duration::from_secs(10))
+            .await
+            .expect_err("an error answer")
+    }
+
+    #[tokio::test]
+    async fn errors_that_are_not_connect_errors_say_what_came_back() {
+        // A Connect error body is taken as it is.
+        let url = answering(
+            StatusCode::NOT_FOUND,
+            r#"{"code":"not_found","message":"job /u/x not found"}"#,
+            true,
+        )
+        .await;
+        let e = call(&url).await;
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (Code::NotFound, "job /u/x not found")
+        );
+        // A web framework's JSON refusal: its status maps as Connect maps it, its words kept.
+        let url = answering(
+            StatusCode::FORBIDDEN,
+            r#"{"error":"peer not authorized for this endpoint"}"#,
+            true,
+        )
+        .await;
+        let e = call(&url).await;
+        assert_eq!(e.code, Code::PermissionDenied);
+        assert!(
+            e.message.contains("403") && e.message.contains("peer not authorized"),
+            "{}",
+            e.message
+        );
+        // A proxy's HTML page.
+        let url = answering(StatusCode::BAD_GATEWAY, "<html>bad gateway</html>", false).await;
+        let e = call(&url).await;
+        assert_eq!(e.code, Code::Unavailable);
+        assert!(e.message.contains("bad gateway"), "{}", e.message);
+    }
 }

@@ -48,19 +48,17 @@ impl Controller {
             .into_iter()
             .filter(|w| !inproc.contains(&w.id))
             .collect();
+        // The configured groups' routing attributes (what the reference advertises), then the
+        // live workers' (daemons started by hand have no group in the config).
+        for g in &self.cfg.groups {
+            add_routing(&mut advertised, &g.attributes);
+        }
         for w in &workers {
             if !w.healthy {
                 continue;
             }
             healthy += 1;
-            for (k, v) in &w.attributes {
-                let s = match v {
-                    iris_types::AttrValue::Str(s) => s.trim().to_lowercase(),
-                    iris_types::AttrValue::Int(i) => i.to_string(),
-                    iris_types::AttrValue::Float(f) => f.to_string(),
-                };
-                advertised.entry(k.clone()).or_default().insert(s);
-            }
+            add_routing(&mut advertised, &w.attributes);
             if w.total.gpu > 0 && !w.device_variant.is_empty() {
                 let v = w.device_variant.to_lowercase();
                 *total.entry(v.clone()).or_default() += w.total.gpu;
@@ -111,11 +109,36 @@ impl Controller {
             .map(|(band, amounts)| c::BandCapacity { band, amounts })
             .collect();
         held_by_band.sort_by_key(|h| Band::from_code(h.band).map(|b| b.rank()).unwrap_or(9));
+        // One health count per scale group, as `GetAutoscalerStatus` reports them (configured
+        // groups, and groups only worker daemons name).
+        let mut groups: BTreeSet<String> = self.cfg.groups.iter().map(|g| g.name.clone()).collect();
+        groups.extend(
+            workers
+                .iter()
+                .filter_map(|w| match w.attributes.get("scale-group") {
+                    Some(iris_types::AttrValue::Str(g)) if !g.is_empty() => Some(g.clone()),
+                    _ => None,
+                }),
+        );
+        let capacity_health = if groups.is_empty() {
+            Default::default()
+        } else {
+            [("available".to_string(), groups.len() as i32)]
+                .into_iter()
+                .collect()
+        };
         Ok(c::BackendSummary {
-            backend_id: "workers".into(),
-            name: "workers".into(),
-            kind: "worker".into(),
-            capabilities: Vec::new(),
+            // The reference's worker-daemon backend: id `default`, named after the cluster.
+            backend_id: "default".into(),
+            name: if self.fed.cfg.cluster_name.is_empty() {
+                "default".into()
+            } else {
+                self.fed.cfg.cluster_name.clone()
+            },
+            kind: "worker-daemon".into(),
+            // No autoscaler here: local workers come from the config, daemons from their
+            // supervisor (ARCHITECTURE.md, "Deliberately Absent").
+            capabilities: vec!["workers".into()],
             advertised_attributes: advertised
                 .into_iter()
                 .map(|(k, v)| {
@@ -132,7 +155,7 @@ impl Controller {
             pending_task_count: pending as i32,
             running_task_count: running,
             has_autoscaler: false,
-            capacity_health: Default::default(),
+            capacity_health,
             detail: Some(c::BackendStatus {
                 detail: Some(c::backend_status::Detail::Worker(c::WorkerFleetDetail {
                     autoscaler: None,
@@ -169,5 +192,42 @@ impl Controller {
             Code::FailedPrecondition,
             "this controller has no Kubernetes backend (kubernetes_provider is not configured)",
         ))
+    }
+}
+
+/// The attributes a federation hub routes on (the reference's `backend_attribute_sets`):
+/// `preemptible`, and for accelerators `device-type`, `device-variant` and
+/// `availability:<variant>`, plus `region`. CPU groups add only `preemptible`; per-worker
+/// attributes (`scale-group`, `cpu`, user labels) stay home.
+fn add_routing(
+    advertised: &mut BTreeMap<String, BTreeSet<String>>,
+    attrs: &BTreeMap<String, iris_types::AttrValue>,
+) {
+    let text = |k: &str| match attrs.get(k) {
+        Some(iris_types::AttrValue::Str(s)) => Some(s.trim().to_lowercase()),
+        Some(iris_types::AttrValue::Int(i)) => Some(i.to_string()),
+        Some(iris_types::AttrValue::Float(f)) => Some(f.to_string()),
+        None => None,
+    };
+    let mut add = |k: &str, v: String| {
+        if !v.is_empty() {
+            advertised.entry(k.to_string()).or_default().insert(v);
+        }
+    };
+    if let Some(p) = text("preemptible") {
+        add("preemptible", p);
+    }
+    if let Some(r) = text("region") {
+        add("region", r);
+    }
+    match text("device-type") {
+        Some(t) if t != "cpu" => {
+            add("device-type", t);
+            if let Some(v) = text("device-variant").filter(|v| v != "auto" && v != "cpu") {
+                add(&format!("availability:{v}"), "true".into());
+                add("device-variant", v);
+            }
+        }
+        _ => {}
     }
 }

@@ -228,9 +228,16 @@ impl Controller {
         self.peer_call(peer, LOGS, "FetchLogs", req, Duration::from_secs(30))
             .await
             .map_err(|e| {
+                // A Python peer's `/proxy` refuses a federation bearer for its log server: it
+                // gives logs to a hub only by finelog forwarding.
+                let hint = if e.code == Code::PermissionDenied {
+                    " (this peer does not serve logs to the hub; have its finelog forward to the hub's log server)"
+                } else {
+                    ""
+                };
                 Error::new(
                     e.code,
-                    format!("reading logs from peer {peer}: {}", e.message),
+                    format!("reading logs from peer {peer}: {}{hint}", e.message),
                 )
             })
     }

@@ -33,7 +33,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 const CONTROLLER: &str = "iris.cluster.ControllerService";
-const LOGS: &str = "finelog.logging.LogService";
+/// A peer's log service, reached the way clients reach it: through the controller's
+/// `/proxy/system.log-server/` route (a Python controller serves logs only there; ours serves
+/// both this and the bare service path).
+const LOGS: &str = "proxy/system.log-server/finelog.logging.LogService";
 
 /// One configured peer (`peers.<id>`).
 #[derive(Clone, Debug)]
