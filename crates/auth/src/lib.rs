@@ -26,9 +26,9 @@ pub enum AuthError {
     BadKey(String),
     #[error("invalid token: {0}")]
     BadToken(String),
-    #[error("token issuer {0:?} is not trusted here")]
+    #[error("token issuer '{0}' is not trusted here")]
     UnknownIssuer(String),
-    #[error("token signature does not match any key of issuer {0:?}")]
+    #[error("token signature does not match any key of issuer '{0}'")]
     BadSignature(String),
     #[error("token has expired")]
     Expired,
@@ -252,6 +252,7 @@ impl Verifier {
             jsonwebtoken::decode_header(token).map_err(|e| AuthError::BadToken(e.to_string()))?;
         if header.alg != Algorithm::EdDSA {
             return Err(AuthError::BadToken(format!(
+                // debug-ok: the algorithm's name (jsonwebtoken gives it no Display).
                 "algorithm {:?} is not accepted (EdDSA only)",
                 header.alg
             )));
@@ -313,7 +314,7 @@ impl Verifier {
                             AuthError::BadSignature(iss.to_string())
                         }
                         jsonwebtoken::errors::ErrorKind::InvalidAudience => AuthError::BadAudience,
-                        other => AuthError::BadToken(format!("{other:?}")),
+                        _ => AuthError::BadToken(e.to_string()),
                     };
                 }
             }
@@ -400,15 +401,15 @@ pub const DASHBOARD_METHODS: &[&str] = &[
 pub fn cidr_contains(cidr: &str, addr: std::net::IpAddr) -> Result<bool, String> {
     let (net, bits) = cidr
         .split_once('/')
-        .ok_or_else(|| format!("{cidr:?} is not a CIDR (a.b.c.d/n)"))?;
+        .ok_or_else(|| format!("'{cidr}' is not a CIDR (a.b.c.d/n)"))?;
     let bits: u32 = bits
         .parse()
-        .map_err(|_| format!("{cidr:?}: bad prefix length"))?;
-    let net: std::net::IpAddr = net.parse().map_err(|_| format!("{cidr:?}: bad address"))?;
+        .map_err(|_| format!("'{cidr}': bad prefix length"))?;
+    let net: std::net::IpAddr = net.parse().map_err(|_| format!("'{cidr}': bad address"))?;
     Ok(match (net, addr) {
         (std::net::IpAddr::V4(n), std::net::IpAddr::V4(a)) => {
             if bits > 32 {
-                return Err(format!("{cidr:?}: prefix over 32"));
+                return Err(format!("'{cidr}': prefix over 32"));
             }
             let mask = if bits == 0 {
                 0
@@ -419,7 +420,7 @@ pub fn cidr_contains(cidr: &str, addr: std::net::IpAddr) -> Result<bool, String>
         }
         (std::net::IpAddr::V6(n), std::net::IpAddr::V6(a)) => {
             if bits > 128 {
-                return Err(format!("{cidr:?}: prefix over 128"));
+                return Err(format!("'{cidr}': prefix over 128"));
             }
             let mask = if bits == 0 {
                 0

@@ -86,7 +86,7 @@ pub fn parse_ttl(s: &str) -> anyhow::Result<u64> {
         _ => (t, 1),
     };
     let n: u64 = num.parse().map_err(|_| {
-        anyhow::anyhow!("--ttl {s:?}: expected a number with s, m, h or d (e.g. 7d)")
+        anyhow::anyhow!("--ttl '{s}': expected a number with s, m, h or d (e.g. 7d)")
     })?;
     if n == 0 {
         anyhow::bail!("--ttl must be positive");
@@ -201,14 +201,14 @@ pub fn auth_from_config(
     for (user, role) in &a.user_roles {
         if !matches!(role.as_str(), "admin" | "user" | "dashboard") {
             anyhow::bail!(
-                "auth.user_roles.{user}: unknown role {role:?} (admin, user or dashboard)"
+                "auth.user_roles.{user}: unknown role '{role}' (admin, user or dashboard)"
             );
         }
     }
     let mut federation_peers = BTreeMap::new();
     for (name, pem) in &a.federation_peers {
         if name.is_empty() || name == "local" {
-            anyhow::bail!("auth.federation_peers: {name:?} is not a usable cluster name");
+            anyhow::bail!("auth.federation_peers: '{name}' is not a usable cluster name");
         }
         let key = iris_auth::public_from_pem(pem).map_err(|e| {
             anyhow::anyhow!("auth.federation_peers.{name}: {e} (paste the public PEM printed by `iris cluster init-keys` on that cluster)")
@@ -238,7 +238,7 @@ pub fn auth_from_config(
             }
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "auth.iap.unprovisioned_role: {role:?} is not admin, user or dashboard"
+                    "auth.iap.unprovisioned_role: '{role}' is not admin, user or dashboard"
                 )
             })?;
             Some(iris_controller::auth::IapConfig {
@@ -254,7 +254,7 @@ pub fn auth_from_config(
         );
     }
     if !matches!(provider, "" | "token" | "cidr" | "iap") {
-        anyhow::bail!("auth.provider: unknown provider {provider:?} (token, cidr or iap)");
+        anyhow::bail!("auth.provider: unknown provider '{provider}' (token, cidr or iap)");
     }
     Ok(Some(iris_controller::auth::AuthConfig {
         issuer: cfg

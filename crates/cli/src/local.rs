@@ -297,7 +297,7 @@ pub(crate) fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<Gro
                 r.device_count.unwrap_or(1),
             )),
             other => anyhow::bail!(
-                "scale_groups.{name}.resources.device_type: unknown {other:?} (cpu, gpu or tpu)"
+                "scale_groups.{name}.resources.device_type: unknown '{other}' (cpu, gpu or tpu)"
             ),
         };
         let mut attributes: Vec<(String, String)> = g

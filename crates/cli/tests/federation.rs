@@ -846,9 +846,12 @@ fn a_job_the_peer_cannot_host_shows_its_reason_backs_off_and_ends_unschedulable(
     );
 }
 
-/// A TCP relay on 127.0.0.1 in front of a peer that can lose the peer's answers: with
-/// `drop_answers` set, whatever the client sends still reaches the peer, but the first bytes the
-/// peer sends back close both sides instead (the request was delivered, its answer lost).
+/// A TCP relay on 127.0.0.1 in front of a peer that can lose the peer's answers to `LaunchJob`
+/// and `FederationSync`: with `drop_answers` set, the request still reaches the peer, but the
+/// first bytes the peer sends back on that connection close both sides instead (the request was
+/// delivered, its answer lost). Heartbeats (`ListBackends`) pass, so the peer stays reachable. The hub's
+/// client speaks HTTP/1.1 to `http://` peers, one request at a time per connection, so the
+/// request line names the call whose answer comes next.
 struct LossyLink {
     url: String,
     drop_answers: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -877,8 +880,27 @@ impl LossyLink {
                 else {
                     continue;
                 };
+                // Whether the request in flight on this connection is one whose answer is lost.
+                let launch = Arc::new(AtomicBool::new(false));
+                let up = launch.clone();
                 std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut c_read, &mut s_write);
+                    let mut buf = [0u8; 16 * 1024];
+                    loop {
+                        let n = match c_read.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if buf[..n].starts_with(b"POST ") {
+                            let head = String::from_utf8_lossy(&buf[..n.min(200)]).into_owned();
+                            up.store(
+                                head.contains("/LaunchJob ") || head.contains("/FederationSync "),
+                                Ordering::SeqCst,
+                            );
+                        }
+                        if s_write.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
                     let _ = s_write.shutdown(std::net::Shutdown::Write);
                 });
                 let (d, l) = (d.clone(), l.clone());
@@ -890,7 +912,7 @@ impl LossyLink {
                             Ok(0) | Err(_) => break,
                             Ok(n) => n,
                         };
-                        if d.load(Ordering::SeqCst) {
+                        if d.load(Ordering::SeqCst) && launch.load(Ordering::SeqCst) {
                             l.fetch_add(1, Ordering::SeqCst);
                             break;
                         }
@@ -926,9 +948,10 @@ fn copies(c: &TestCluster, job: &str) -> usize {
 }
 
 /// Issue 18, federation faults: the hub's handoff reaches the peer but the peer's answer is
-/// lost (the link drops every answer for a while). The hub offers it again with the same nonce;
-/// the peer acknowledges the job it already has instead of refusing or copying it; the job ends
-/// once, on the peer, and the hub shows that.
+/// lost (the link drops the answers to `LaunchJob` and `FederationSync` for a while, so the hub
+/// learns nothing). The hub offers it again with the same nonce; the peer acknowledges the job
+/// it already has instead of refusing or copying it; the job ends once, on the peer, and the
+/// hub shows that (once an answer gets through, or its mirror shows the peer has the job).
 #[test]
 fn a_handoff_whose_answer_is_lost_ends_with_exactly_one_job_on_the_peer() {
     let keys = tempfile::tempdir().expect("keys dir");

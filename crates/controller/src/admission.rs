@@ -80,7 +80,7 @@ fn check_revision_date(client: &str, controller: Option<&str>) -> Result<()> {
     let parse = |s: &str| chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d");
     let cd = parse(client).map_err(|_| {
         Error::invalid(format!(
-            "client_revision_date {client:?} must be YYYY-MM-DD"
+            "client_revision_date '{client}' must be YYYY-MM-DD"
         ))
     })?;
     let Some(ours) = controller.and_then(|s| parse(s).ok()) else {

@@ -113,7 +113,7 @@ pub fn parse_checkpoint_name(name: &str) -> anyhow::Result<i64> {
         .unwrap_or("");
     last.parse::<i64>().map_err(|_| {
         anyhow::anyhow!(
-            "checkpoint {name:?}: expected a {STATE_DIR}/<epoch_ms> directory (or its epoch_ms)"
+            "checkpoint '{name}': expected a {STATE_DIR}/<epoch_ms> directory (or its epoch_ms)"
         )
     })
 }

@@ -119,7 +119,7 @@ async fn handle(State(ctl): State<Arc<Controller>>, req: Request) -> Response {
             let Some(base) = ctl.fed.peer_address(&peer) else {
                 return fail(
                     StatusCode::NOT_FOUND,
-                    format!("no federation peer {peer:?} is configured here"),
+                    format!("no federation peer '{peer}' is configured here"),
                 );
             };
             let upstream = join(&format!("{base}/proxy/t"), &rest, query.as_deref());

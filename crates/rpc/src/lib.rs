@@ -162,7 +162,7 @@ fn decompress(encoding: &str, body: &[u8]) -> Result<Vec<u8>, RpcError> {
         other => {
             return Err(RpcError::new(
                 Code::Unimplemented,
-                format!("unsupported content-encoding {other:?} (use identity, gzip or zstd)"),
+                format!("unsupported content-encoding '{other}' (use identity, gzip or zstd)"),
             ))
         }
     };
@@ -220,7 +220,7 @@ pub fn decode<M: prost::Message + Default + DeserializeOwned>(
         other => Err(RpcError::new(
             Code::Unimplemented,
             format!(
-                "unsupported content-type {other:?} (use application/proto or application/json)"
+                "unsupported content-type '{other}' (use application/proto or application/json)"
             ),
         )),
     }
@@ -349,7 +349,7 @@ impl Client {
         }
         let u = reqwest::Url::parse(&format!("{}/{key}", self.base)).map_err(|e| {
             RpcError::invalid(format!(
-                "controller URL {:?} is not a valid URL: {e}",
+                "controller URL '{}' is not a valid URL: {e}",
                 self.base
             ))
         })?;

@@ -130,7 +130,7 @@ impl Tx<'_> {
 pub enum Error {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("database was written by a newer Iris (unknown migration {0:?}); upgrade this binary or restore an older checkpoint")]
+    #[error("database was written by a newer Iris (unknown migration '{0}'); upgrade this binary or restore an older checkpoint")]
     NewerSchema(String),
     #[error("{0}")]
     Invalid(String),

@@ -168,7 +168,7 @@ pub fn parse_level(s: &str) -> Result<i32, String> {
         "ERROR" => Ok(LEVEL_ERROR),
         "CRITICAL" => Ok(LEVEL_CRITICAL),
         other => Err(format!(
-            "unknown min_level {other:?}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
+            "unknown min_level '{other}': expected DEBUG, INFO, WARNING, ERROR or CRITICAL"
         )),
     }
 }
@@ -176,7 +176,7 @@ pub fn parse_level(s: &str) -> Result<i32, String> {
 /// Errors from fetching.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
-    #[error("invalid regex {0:?}: {1}")]
+    #[error("invalid regex '{0}': {1}")]
     BadRegex(String, String),
     #[error("log store: {0}")]
     Sql(#[from] rusqlite::Error),

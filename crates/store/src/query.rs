@@ -17,7 +17,7 @@ pub enum QueryError {
     #[error("{0}")]
     NotAllowed(String),
     /// The query ran past its time limit.
-    #[error("query exceeded its time limit of {0:?} and was stopped")]
+    #[error("query exceeded its time limit of {:.1} s and was stopped", .0.as_secs_f64())]
     Timeout(Duration),
     #[error("sql error: {0}")]
     Sql(String),

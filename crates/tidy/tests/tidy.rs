@@ -447,3 +447,58 @@ fn the_checks_see_what_they_look_for() {
         "DELETE FROM jobs"
     ));
 }
+
+/// Where a `{…:?}` placeholder may stand in non-test source: log lines (tracing renders
+/// fields with `Debug` by design), panics and expectations (bugs, not answers), the log layer
+/// that renders tracing's field values, benchmark diagnostics, and a line marked `debug-ok:`
+/// with its reason.
+const DEBUG_ALLOWED_FILES: &[&str] = &["crates/rpc/src/proclog.rs", "crates/cli/src/bench"];
+const DEBUG_ALLOWED_CALLS: &[&str] = &[
+    "tracing::",
+    "trace!(",
+    "debug!(",
+    "info!(",
+    "warn!(",
+    "error!(",
+    "panic!(",
+    "unreachable!(",
+    "expect(",
+    "assert",
+];
+
+#[test]
+fn user_facing_text_has_no_debug_formatting() {
+    let placeholder = re(r"\{[A-Za-z0-9_.]*:#?\?\}");
+    let root = workspace();
+    let mut bad = Vec::new();
+    for p in files(&root.join("crates"), &[".rs"]) {
+        let r = rel(&p);
+        if !r.contains("/src/")
+            || is_test_path(&r)
+            || DEBUG_ALLOWED_FILES.iter().any(|f| r.starts_with(f))
+        {
+            continue;
+        }
+        let src = read(&p);
+        let body = non_test(&src);
+        let lines: Vec<&str> = body.lines().collect();
+        for (line, lit) in string_literals(body) {
+            if !placeholder.is_match(&lit) {
+                continue;
+            }
+            // The call the literal belongs to starts on its line or up to two lines above.
+            let from = line.saturating_sub(3);
+            let context = lines[from..line.min(lines.len())].join("\n");
+            if DEBUG_ALLOWED_CALLS.iter().any(|c| context.contains(c))
+                || context.contains("debug-ok:")
+            {
+                continue;
+            }
+            bad.push(format!("{r}:{line}: {}", first_line(&lit)));
+        }
+    }
+    fail(
+        "user-facing text quotes input with iris_types::quoted (or '{x}'), never Debug",
+        bad,
+    );
+}

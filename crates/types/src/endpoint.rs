@@ -80,12 +80,15 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
     if let Some(c) = name.chars().find(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!(
-            "name {name:?} contains {c:?}; endpoint names may not contain spaces or control characters"
+            "name {} contains {}; endpoint names may not contain spaces or control characters",
+            crate::quoted(name),
+            crate::quoted(&c.to_string())
         ));
     }
     if name.starts_with(SYSTEM_PREFIX) {
         return Err(format!(
-            "name {name:?} is under {SYSTEM_PREFIX}, which is reserved for the controller's own services"
+            "name {} is under {SYSTEM_PREFIX}, which is reserved for the controller's own services",
+            crate::quoted(name)
         ));
     }
     Ok(())
@@ -96,7 +99,7 @@ pub fn check_name(name: &str) -> Result<(), String> {
 pub fn check_address(address: &str) -> Result<(), String> {
     let bad = || {
         Err(format!(
-            "address {address:?} is not host:port or a URL with a host; register where the service listens, e.g. 10.0.0.5:8080 or http://10.0.0.5:8080"
+            "address {} is not host:port or a URL with a host; register where the service listens, e.g. 10.0.0.5:8080 or http://10.0.0.5:8080", crate::quoted(address)
         ))
     };
     if address.chars().any(|c| c.is_whitespace() || c.is_control()) {

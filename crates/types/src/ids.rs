@@ -7,17 +7,17 @@ use std::fmt;
 /// Why a name was refused. Messages name the rule and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
-    #[error("job name {0:?} must start with '/' (e.g. /alice/train)")]
+    #[error("job name {} must start with '/' (e.g. /alice/train)", crate::quoted(.0))]
     NoLeadingSlash(String),
-    #[error("job name {0:?} needs at least a user and a job component (e.g. /alice/train)")]
+    #[error("job name {} needs at least a user and a job component (e.g. /alice/train)", crate::quoted(.0))]
     TooShort(String),
-    #[error("job name {0:?} has an empty or whitespace-only component")]
+    #[error("job name {} has an empty or whitespace-only component", crate::quoted(.0))]
     EmptyComponent(String),
-    #[error("task id {0:?} must end in a task index (e.g. /alice/train/0)")]
+    #[error("task id {} must end in a task index (e.g. /alice/train/0)", crate::quoted(.0))]
     NotATask(String),
-    #[error("attempt id {0:?} must be <task>:<attempt number> (e.g. /alice/train/0:1)")]
+    #[error("attempt id {} must be <task>:<attempt number> (e.g. /alice/train/0:1)", crate::quoted(.0))]
     NotAnAttempt(String),
-    #[error("child job name {0:?} must not be an integer (integers name tasks)")]
+    #[error("child job name {} must not be an integer (integers name tasks)", crate::quoted(.0))]
     IntegerChild(String),
 }
 
@@ -203,7 +203,7 @@ pub fn validate_user(user: &str) -> Result<String, String> {
         return Err("user must not be empty (pass --user NAME or set IRIS_USER)".into());
     }
     if u.contains('/') {
-        return Err(format!("user {u:?} must not contain '/'"));
+        return Err(format!("user {} must not contain '/'", crate::quoted(u)));
     }
     Ok(u.to_string())
 }

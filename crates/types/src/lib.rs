@@ -7,12 +7,14 @@
 pub mod constraint;
 pub mod endpoint;
 pub mod ids;
+pub mod quoted;
 pub mod resources;
 pub mod state;
 pub mod transition;
 
 pub use constraint::{availability_key, AttrValue, Constraint, ConstraintOp, AVAILABILITY_PREFIX};
 pub use ids::{AttemptId, IdError, JobName, TaskId};
+pub use quoted::{quoted, Quoted};
 pub use resources::{Dim, Resources};
 pub use state::{Band, JobState, TaskState};
 pub use transition::{

@@ -137,10 +137,16 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let n: f64 = num.parse().map_err(|_| {
-        format!("invalid size {s:?}: expected a number with an optional unit, e.g. 512MB or 4GB")
+        format!(
+            "invalid size {}: expected a number with an optional unit, e.g. 512MB or 4GB",
+            crate::quoted(s)
+        )
     })?;
     if n < 0.0 || !n.is_finite() {
-        return Err(format!("invalid size {s:?}: must not be negative"));
+        return Err(format!(
+            "invalid size {}: must not be negative",
+            crate::quoted(s)
+        ));
     }
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
@@ -150,7 +156,9 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
         "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
         other => {
             return Err(format!(
-                "invalid size {s:?}: unknown unit {other:?} (use KB, MB, GB or TB)"
+                "invalid size {}: unknown unit {} (use KB, MB, GB or TB)",
+                crate::quoted(s),
+                crate::quoted(other)
             ))
         }
     };
@@ -159,15 +167,23 @@ pub fn parse_bytes(s: &str) -> Result<i64, String> {
 
 /// Parses a cpu count in cores (`0.5`, `2`) into millicores.
 pub fn parse_cpu(s: &str) -> Result<i32, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid cpu {s:?}: expected a number of cores, e.g. 0.5 or 4"))?;
+    let v: f64 = s.trim().parse().map_err(|_| {
+        format!(
+            "invalid cpu {}: expected a number of cores, e.g. 0.5 or 4",
+            crate::quoted(s)
+        )
+    })?;
     if v.is_nan() || v <= 0.0 || !v.is_finite() {
-        return Err(format!("invalid cpu {s:?}: must be greater than 0"));
+        return Err(format!(
+            "invalid cpu {}: must be greater than 0",
+            crate::quoted(s)
+        ));
     }
     if v > 100_000.0 {
-        return Err(format!("invalid cpu {s:?}: at most 100000 cores"));
+        return Err(format!(
+            "invalid cpu {}: at most 100000 cores",
+            crate::quoted(s)
+        ));
     }
     Ok((v * 1000.0).round() as i32)
 }
@@ -182,14 +198,20 @@ pub struct AcceleratorSpec {
 pub fn parse_gpu(s: &str) -> Result<AcceleratorSpec, String> {
     let t = s.trim();
     let err = || {
-        format!("invalid --gpu {s:?}: expected VARIANTxCOUNT (H100x8), COUNT (8) or VARIANT (H100)")
+        format!(
+            "invalid --gpu {}: expected VARIANTxCOUNT (H100x8), COUNT (8) or VARIANT (H100)",
+            crate::quoted(s)
+        )
     };
     if t.is_empty() {
         return Err(err());
     }
     if let Ok(n) = t.parse::<i32>() {
         if n <= 0 {
-            return Err(format!("invalid --gpu {s:?}: count must be at least 1"));
+            return Err(format!(
+                "invalid --gpu {}: count must be at least 1",
+                crate::quoted(s)
+            ));
         }
         return Ok(AcceleratorSpec {
             variant: "auto".into(),

@@ -218,7 +218,8 @@ impl Band {
             "interactive" => Ok(Band::Interactive),
             "batch" => Ok(Band::Batch),
             _ => Err(format!(
-                "unknown priority {s:?}: expected one of system, production, interactive, batch"
+                "unknown priority {}: expected one of system, production, interactive, batch",
+                crate::quoted(s)
             )),
         }
     }

@@ -63,7 +63,7 @@ pub fn safe_relative(name: &str) -> anyhow::Result<&Path> {
         || p.components()
             .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
     {
-        bail!("refusing unsafe path {name:?} (absolute or escapes the workdir)");
+        bail!("refusing unsafe path '{name}' (absolute or escapes the workdir)");
     }
     Ok(p)
 }
@@ -86,7 +86,7 @@ pub fn unzip(data: &[u8], dest: &Path) -> anyhow::Result<()> {
             continue;
         }
         if f.is_symlink() {
-            bail!("refusing symlink {name:?} in bundle");
+            bail!("refusing symlink '{name}' in bundle");
         }
         if let Some(parent) = out.parent() {
             std::fs::create_dir_all(parent)?;

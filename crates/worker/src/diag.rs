@@ -189,7 +189,7 @@ pub(crate) async fn exec(
         Err(e) => {
             return Ok(w::ExecInContainerResponse {
                 exit_code: -1,
-                error: format!("cannot start {prog:?} in attempt {}: {e}", live.attempt),
+                error: format!("cannot start '{prog}' in attempt {}: {e}", live.attempt),
                 ..Default::default()
             })
         }
@@ -213,7 +213,7 @@ pub(crate) async fn exec(
 fn parse_target(target: &str) -> Result<(String, Option<i32>), RpcError> {
     if let Ok(a) = iris_types::AttemptId::parse(target) {
         let n = i32::try_from(a.attempt).map_err(|_| {
-            RpcError::invalid(format!("target: attempt number in {target:?} is too large"))
+            RpcError::invalid(format!("target: attempt number in '{target}' is too large"))
         })?;
         return Ok((a.task.to_string(), Some(n)));
     }

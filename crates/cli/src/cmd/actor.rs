@@ -233,6 +233,7 @@ fn py_float(f: f64) -> String {
     } else if f.is_infinite() {
         if f > 0.0 { "Infinity" } else { "-Infinity" }.into()
     } else {
+        // debug-ok: f64's Debug is its shortest round-trip form, as Python's repr prints it.
         format!("{f:?}")
     }
 }

@@ -43,7 +43,7 @@ fn check_system_reason(band: i32, reason: Option<&str>) -> anyhow::Result<()> {
             if words.iter().any(|w| w == "hero" || w == "finelog" || w == "iris") {
                 Ok(())
             } else {
-                bail!("--system-reason {r:?} must mention hero, finelog or iris")
+                bail!("--system-reason '{r}' must mention hero, finelog or iris")
             }
         }
     }
@@ -83,12 +83,12 @@ fn reserve_key(spec: &str) -> anyhow::Result<String> {
         device.to_string()
     } else {
         iris_types::resources::parse_gpu(device)
-            .map_err(|_| anyhow::anyhow!("--reserve {spec:?}: expected [COUNT:]DEVICE naming an accelerator, e.g. 4:H100x8 or v5litepod-16"))?
+            .map_err(|_| anyhow::anyhow!("--reserve '{spec}': expected [COUNT:]DEVICE naming an accelerator, e.g. 4:H100x8 or v5litepod-16"))?
             .variant
     };
     // "auto" (a bare count) names no variant.
     if variant.trim().is_empty() || variant.eq_ignore_ascii_case("auto") {
-        bail!("--reserve {spec:?} does not name an accelerator variant; name one, e.g. H100x8");
+        bail!("--reserve '{spec}' does not name an accelerator variant; name one, e.g. H100x8");
     }
     Ok(iris_types::availability_key(&variant))
 }
@@ -255,13 +255,13 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     for kv in &a.constraint {
         let (k, v) = kv
             .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--constraint {kv:?}: expected KEY=VALUE"))?;
+            .ok_or_else(|| anyhow::anyhow!("--constraint '{kv}': expected KEY=VALUE"))?;
         constraints.push(constraint(k, 0, &[v], 0));
     }
     let name = match &a.job_name {
         Some(n) => {
             if n.contains('/') || n.trim().is_empty() {
-                bail!("--job-name {n:?}: must be a single non-empty component without '/'");
+                bail!("--job-name '{n}': must be a single non-empty component without '/'");
             }
             n.clone()
         }

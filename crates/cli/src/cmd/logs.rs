@@ -19,7 +19,7 @@ pub(crate) async fn logs(
 ) -> anyhow::Result<i32> {
     if let Some(r) = &l.regex {
         if let Err(e) = regex_check(r) {
-            bail!("--regex {r:?}: {e}");
+            bail!("--regex '{r}': {e}");
         }
     }
     let tail = !l.no_tail;

@@ -153,12 +153,12 @@ fn find_method(group: &str, kebab_name: &str) -> anyhow::Result<MethodDescriptor
         .iter()
         .find(|(g, _, _)| *g == group)
         .map(|(_, s, _)| *s)
-        .with_context(|| format!("unknown service group {group:?}"))?;
+        .with_context(|| format!("unknown service group '{group}'"))?;
     let svc = pool()
         .get_service_by_name(service)
         .with_context(|| format!("{service} is not in the embedded descriptors"))?;
     let found = svc.methods().find(|m| flags::kebab(m.name()) == kebab_name);
-    found.with_context(|| format!("{service} has no method {kebab_name:?}"))
+    found.with_context(|| format!("{service} has no method '{kebab_name}'"))
 }
 
 /// The JSON body as the method's request message; the error names the message and the field.

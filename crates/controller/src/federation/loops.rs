@@ -360,6 +360,11 @@ async fn pull(ctl: &Arc<Controller>, client: &iris_rpc::Client, peer: &str) -> R
             mirror::delete_mirrored(&tx, &d.job_id)?;
             continue;
         }
+        // The peer reports it, so it accepted it: a handoff whose answer was lost (or has not
+        // come back yet) is handed off, whatever state the job has reached there.
+        if sf::root_of(&d.job_id) == d.job_id && sf::mark_handed_off(&tx, &d.job_id, now)? {
+            lock(&ctl.fed.refusals).remove(&d.job_id);
+        }
         if let Some((job, tasks)) = mirror_of(d) {
             mirror::apply_mirror(&tx, peer, &job, &tasks, now)?;
         }

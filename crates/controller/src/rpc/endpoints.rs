@@ -175,7 +175,7 @@ impl Controller {
             return Ok(c::ListEndpointsResponse { endpoints });
         }
         for t in &req.task_ids {
-            TaskId::parse(t).map_err(|e| Error::invalid(format!("task_ids: {t:?}: {e}")))?;
+            TaskId::parse(t).map_err(|e| Error::invalid(format!("task_ids: '{t}': {e}")))?;
         }
         let conn = lock(&self.endpoint_db);
         let rows = store::list(
@@ -208,7 +208,7 @@ impl Controller {
         };
         let endpoint = self.resolve_endpoint(&req.endpoint_name)?.ok_or_else(|| {
             Error::not_found(format!(
-                "endpoint_name: no live endpoint {:?} (see `iris endpoints list`)",
+                "endpoint_name: no live endpoint '{}' (see `iris endpoints list`)",
                 req.endpoint_name
             ))
         })?;

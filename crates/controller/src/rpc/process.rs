@@ -58,7 +58,7 @@ fn parse_target(target: &str) -> Result<Target> {
         });
     }
     Err(Error::invalid(format!(
-        "target {target:?}: name the controller ({CONTROLLER_SOURCE}), a worker ({WORKER_PREFIX}<id>), a task (/user/job/0) or an attempt (/user/job/0:1)"
+        "target '{target}': name the controller ({CONTROLLER_SOURCE}), a worker ({WORKER_PREFIX}<id>), a task (/user/job/0) or an attempt (/user/job/0:1)"
     )))
 }
 

@@ -182,7 +182,7 @@ fn resolve_kick(conn: &impl iris_store::Read, target: &str) -> Result<Kick> {
             _ => {
                 return reject(
                     "",
-                    format!("{target:?}: an attempt suffix must be a non-negative number"),
+                    format!("'{target}': an attempt suffix must be a non-negative number"),
                 )
             }
         },
@@ -206,7 +206,7 @@ fn resolve_kick(conn: &impl iris_store::Read, target: &str) -> Result<Kick> {
     if let Err(e) = JobName::parse(name) {
         return reject(
             "",
-            format!("{target:?} is not a task, attempt or job id: {e}"),
+            format!("'{target}' is not a task, attempt or job id: {e}"),
         );
     }
     if attempt.is_some() {

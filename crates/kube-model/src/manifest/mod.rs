@@ -100,7 +100,7 @@ pub enum ManifestError {
     Topology(#[from] TopologyError),
     /// The gang's `group_by` is not a level this cluster maps.
     #[error(
-        "coscheduling group_by {group_by:?} has no topology mapping on this cluster (known: {}); \
+        "coscheduling group_by '{group_by}' has no topology mapping on this cluster (known: {}); \
          use a known level or configure kubernetes_provider.kueue.topologies",
         known.join(", ")
     )]

@@ -117,6 +117,7 @@ fn step(task: TaskState, attempt: Option<TaskState>, reason: &'static str) -> St
 fn illegal(from: TaskState, event: &TaskEvent) -> Rejected {
     Rejected::Illegal {
         from,
+        // debug-ok: the event's variant, in an internal illegal-transition report.
         event: format!("{event:?}"),
     }
 }

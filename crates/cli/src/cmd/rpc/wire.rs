@@ -60,7 +60,7 @@ pub(crate) async fn unary(
     let url = format!("{}/{service}/{method}", target.base);
     let url = reqwest::Url::parse(&url).map_err(|e| {
         RpcError::invalid(format!(
-            "{:?} is not a valid URL ({e}); pass --controller-url http://HOST:PORT",
+            "'{}' is not a valid URL ({e}); pass --controller-url http://HOST:PORT",
             target.base
         ))
     })?;
