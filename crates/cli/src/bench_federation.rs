@@ -188,13 +188,13 @@ fn launch(name: String, argv: &[&str], peer: Option<&str>) -> c::LaunchJobReques
     });
     if let Some(p) = peer {
         req.constraints.push(job::Constraint {
-            key: "cluster".into(),
-            op: 0,
+            key: Some("cluster".into()),
+            op: Some(0),
             value: Some(job::AttributeValue {
                 value: Some(job::attribute_value::Value::StringValue(p.into())),
             }),
             values: Vec::new(),
-            mode: 0,
+            mode: Some(0),
         });
     }
     req

@@ -89,7 +89,7 @@ pub async fn stop(a: &StopArgs, dir: &Path, url: &Option<String>) -> anyhow::Res
                 w.workers.len()
             );
             for w in &w.workers {
-                println!("  {} {}", w.worker_id, w.address);
+                println!("  {} {}", w.worker_id(), w.address());
             }
         }
         return Ok(0);

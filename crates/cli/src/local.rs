@@ -492,7 +492,7 @@ async fn run_sample(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
     );
     let script = "echo \"hello from $IRIS_TASK_ID on $IRIS_WORKER_ID\"; for i in 1 2 3; do echo \"step $i of 3\"; done; echo done";
     let req = c::LaunchJobRequest {
-        name,
+        name: Some(name),
         entrypoint: Some(job::RuntimeEntrypoint {
             run_command: Some(job::CommandEntrypoint {
                 argv: vec!["sh".into(), "-c".into(), script.into()],
@@ -505,8 +505,8 @@ async fn run_sample(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
             disk_bytes: 1 << 30,
             device: None,
         }),
-        replicas: 1,
-        max_retries_preemption: 1000,
+        replicas: Some(1),
+        max_retries_preemption: Some(1000),
         ..Default::default()
     };
     let r: c::LaunchJobResponse = cl

@@ -56,14 +56,14 @@ pub fn print_jobs(jobs: &[job::JobStatus]) {
     let rows: Vec<Vec<String>> = jobs
         .iter()
         .map(|j| {
-            let reason = if !j.error.is_empty() {
-                &j.error
+            let reason = if !j.error().is_empty() {
+                j.error()
             } else {
-                &j.pending_reason
+                j.pending_reason()
             };
             vec![
-                j.job_id.clone(),
-                job_state(j.state).into(),
+                j.job_id().to_owned(),
+                job_state(j.state.unwrap_or_default()).into(),
                 fmt_ts(j.submitted_at.as_ref()),
                 cut(reason, 63),
             ]
@@ -85,15 +85,15 @@ fn iris_now() -> i64 {
 }
 
 pub fn print_job(j: &job::JobStatus, tasks: &[job::TaskStatus]) {
-    println!("Job: {} ({})", j.job_id, j.name);
-    println!("State: {}", job_state(j.state));
-    if j.cluster != "local" {
-        let peer = if j.cluster.is_empty() {
+    println!("Job: {} ({})", j.job_id(), j.name());
+    println!("State: {}", job_state(j.state.unwrap_or_default()));
+    if j.cluster() != "local" {
+        let peer = if j.cluster().is_empty() {
             "(a federation peer, not yet chosen)"
         } else {
-            j.cluster.as_str()
+            j.cluster()
         };
-        let status = job::PeerStatus::try_from(j.peer_status)
+        let status = job::PeerStatus::try_from(j.peer_status.unwrap_or_default())
             .map(|p| {
                 p.as_str_name()
                     .trim_start_matches("PEER_STATUS_")
@@ -107,15 +107,16 @@ pub fn print_job(j: &job::JobStatus, tasks: &[job::TaskStatus]) {
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    println!("Tasks: {} ({})", j.task_count, counts.join(", "));
+    println!("Tasks: {} ({})", j.task_count(), counts.join(", "));
     println!(
         "Failures: {}  Preemptions: {}",
-        j.failure_count, j.preemption_count
+        j.failure_count(),
+        j.preemption_count()
     );
-    if !j.error.is_empty() {
-        println!("Error: {}", j.error);
-    } else if !j.pending_reason.is_empty() {
-        println!("Pending: {}", j.pending_reason);
+    if !j.error().is_empty() {
+        println!("Error: {}", j.error());
+    } else if !j.pending_reason().is_empty() {
+        println!("Pending: {}", j.pending_reason());
     }
     println!();
     print_tasks(tasks);
@@ -125,27 +126,27 @@ pub fn print_tasks(tasks: &[job::TaskStatus]) {
     let rows: Vec<Vec<String>> = tasks
         .iter()
         .map(|t| {
-            let exit = if TaskState::from_code(t.state)
+            let exit = if TaskState::from_code(t.state.unwrap_or_default())
                 .map(|s| s.is_terminal())
                 .unwrap_or(false)
             {
-                t.exit_code.to_string()
+                t.exit_code.unwrap_or_default().to_string()
             } else {
                 "-".into()
             };
-            let diag = if !t.error.is_empty() {
-                t.error.clone()
+            let diag = if !t.error().is_empty() {
+                t.error()
             } else {
-                t.pending_reason.clone()
+                t.pending_reason()
             };
             vec![
-                t.task_id.clone(),
-                task_state(t.state).into(),
+                t.task_id().to_owned(),
+                task_state(t.state.unwrap_or_default()).into(),
                 exit,
                 duration(t),
-                t.current_attempt_id.max(0).to_string(),
-                t.worker_id.clone(),
-                cut(&diag, 80),
+                t.current_attempt_id().max(0).to_string(),
+                t.worker_id().to_owned(),
+                cut(diag, 80),
             ]
         })
         .collect();
@@ -164,24 +165,24 @@ pub fn print_tasks(tasks: &[job::TaskStatus]) {
 }
 
 pub fn print_task(t: &job::TaskStatus) {
-    println!("Task: {}", t.task_id);
-    println!("State: {}", task_state(t.state));
+    println!("Task: {}", t.task_id());
+    println!("State: {}", task_state(t.state.unwrap_or_default()));
     println!(
         "Worker: {}",
-        if t.worker_id.is_empty() {
+        if t.worker_id().is_empty() {
             "-"
         } else {
-            &t.worker_id
+            t.worker_id()
         }
     );
-    if !t.error.is_empty() {
-        println!("Error: {}", t.error);
+    if !t.error().is_empty() {
+        println!("Error: {}", t.error());
     }
-    if !t.status_message.is_empty() {
-        println!("Status: {}", t.status_message);
+    if !t.status_message().is_empty() {
+        println!("Status: {}", t.status_message());
     }
-    if !t.pending_reason.is_empty() {
-        println!("Pending: {}", t.pending_reason);
+    if !t.pending_reason().is_empty() {
+        println!("Pending: {}", t.pending_reason());
     }
     println!();
     let rows: Vec<Vec<String>> = t
@@ -189,12 +190,12 @@ pub fn print_task(t: &job::TaskStatus) {
         .iter()
         .map(|a| {
             vec![
-                a.attempt_id.to_string(),
-                a.attempt_uid.clone(),
-                task_state(a.state).into(),
-                a.exit_code.to_string(),
-                a.worker_id.clone(),
-                cut(&a.error, 80),
+                a.attempt_id.unwrap_or_default().to_string(),
+                a.attempt_uid.clone().unwrap_or_default(),
+                task_state(a.state.unwrap_or_default()).into(),
+                a.exit_code.unwrap_or_default().to_string(),
+                a.worker_id.clone().unwrap_or_default(),
+                cut(a.error(), 80),
             ]
         })
         .collect();
@@ -202,22 +203,22 @@ pub fn print_task(t: &job::TaskStatus) {
         &["ATTEMPT", "UID", "STATE", "EXIT", "WORKER", "REASON"],
         &rows,
     );
-    if let Some(last) = t.attempts.iter().rev().find(|a| !a.error.is_empty()) {
+    if let Some(last) = t.attempts.iter().rev().find(|a| !a.error().is_empty()) {
         println!();
-        println!("Root cause: {}", last.error);
+        println!("Root cause: {}", last.error());
     }
 }
 
 pub fn print_attempt(id: &str, a: &job::TaskAttempt) {
     println!("Attempt: {id}");
-    println!("UID: {}", a.attempt_uid);
-    println!("State: {}", task_state(a.state));
-    println!("Worker: {}", a.worker_id);
-    println!("Exit code: {}", a.exit_code);
+    println!("UID: {}", a.attempt_uid());
+    println!("State: {}", task_state(a.state.unwrap_or_default()));
+    println!("Worker: {}", a.worker_id());
+    println!("Exit code: {}", a.exit_code());
     println!("Started: {}", fmt_ts(a.started_at.as_ref()));
     println!("Finished: {}", fmt_ts(a.finished_at.as_ref()));
-    if !a.error.is_empty() {
-        println!("Error: {}", a.error);
+    if !a.error().is_empty() {
+        println!("Error: {}", a.error());
     }
 }
 
@@ -238,7 +239,7 @@ pub fn print_workers(ws: &[iris_proto::cluster::controller::WorkerHealthStatus])
         .iter()
         .map(|w| {
             let md = w.metadata.clone().unwrap_or_default();
-            let dev = match md.device.and_then(|d| d.device) {
+            let dev = match md.device.clone().and_then(|d| d.device) {
                 Some(job::device_config::Device::Gpu(g)) => {
                     format!("gpu {}x{}", g.variant, g.count)
                 }
@@ -248,15 +249,15 @@ pub fn print_workers(ws: &[iris_proto::cluster::controller::WorkerHealthStatus])
                 _ => "cpu".into(),
             };
             vec![
-                w.worker_id.clone(),
-                if w.healthy {
+                w.worker_id().to_owned(),
+                if w.healthy() {
                     "healthy".into()
                 } else {
                     "unhealthy".into()
                 },
-                w.address.clone(),
-                md.cpu_count.to_string(),
-                format!("{}GiB", md.memory_bytes >> 30),
+                w.address().to_owned(),
+                md.cpu_count.unwrap_or_default().to_string(),
+                format!("{}GiB", md.memory_bytes() >> 30),
                 dev,
                 w.running_job_ids.len().to_string(),
             ]
@@ -373,12 +374,12 @@ pub fn summary_json(j: &job::JobStatus, tasks: &[job::TaskStatus]) -> serde_json
     let ts = |t: &Option<iris_proto::time::Timestamp>| t.as_ref().map(|t| t.epoch_ms);
     let exit = tasks
         .iter()
-        .find(|t| t.state == 5)
+        .find(|t| t.state == Some(5))
         .map(|t| t.exit_code)
-        .unwrap_or(0);
+        .unwrap_or(Some(0));
     serde_json::json!({
         "job_id": j.job_id,
-        "state": job_state(j.state),
+        "state": job_state(j.state.unwrap_or_default()),
         "error": j.error,
         "exit_code": exit,
         "pending_reason": j.pending_reason,
@@ -390,10 +391,10 @@ pub fn summary_json(j: &job::JobStatus, tasks: &[job::TaskStatus]) -> serde_json
         "task_state_counts": j.task_state_counts,
         "tasks": tasks.iter().map(|t| serde_json::json!({
             "task_id": t.task_id,
-            "state": task_state(t.state),
+            "state": task_state(t.state.unwrap_or_default()),
             "exit_code": t.exit_code,
             "error": t.error,
-            "attempts": t.current_attempt_id + 1,
+            "attempts": t.current_attempt_id() + 1,
             "worker_id": t.worker_id,
         })).collect::<Vec<_>>(),
     })

@@ -57,7 +57,7 @@ fn b01_run_no_wait_prints_only_the_job_id() {
 
     // What the LaunchJob carried, as stored.
     let r = c.job_request("/u/hello");
-    assert_eq!(r.replicas, 1);
+    assert_eq!(r.replicas, Some(1));
     let res = r.resources.clone().expect("resources");
     assert_eq!(res.cpu_millicores, 100);
     assert_eq!(res.memory_bytes, 1_073_741_824i64);
@@ -83,7 +83,10 @@ fn b01_run_no_wait_prints_only_the_job_id() {
             .is_none_or(|m| m == 0 || m == "CONSTRAINT_MODE_REQUIRED"),
         "hard: {constraints}"
     );
-    assert!(r.bundle_id.len() == 64, "bundle stored: {r:?}");
+    assert!(
+        r.bundle_id.clone().unwrap_or_default().len() == 64,
+        "bundle stored: {r:?}"
+    );
 
     let s = c.wait_job("/u/hello", "succeeded");
     assert_eq!(s["tasks"][0]["task_id"], "/u/hello/0");
@@ -782,8 +785,8 @@ fn b13_priority_bands_and_max_band() {
     c.submit("batch", &["--priority", "batch"], &["true"]);
     c.submit("plain", &[], &["true"]);
     let band = |j: &str| c.job_request(j).priority_band;
-    assert_eq!(band("/u/batch"), 3);
-    assert_eq!(band("/u/plain"), 2);
+    assert_eq!(band("/u/batch"), Some(3));
+    assert_eq!(band("/u/plain"), Some(2));
 
     let o = c.iris(&[
         "user",
@@ -797,7 +800,7 @@ fn b13_priority_bands_and_max_band() {
     ]);
     assert_eq!(o.ok(), "Set budget for u\n");
     c.submit("prod", &["--priority", "production"], &["true"]);
-    assert_eq!(band("/u/prod"), 1);
+    assert_eq!(band("/u/prod"), Some(1));
     c.wait_job("/u/prod", "succeeded");
 }
 
@@ -1345,7 +1348,7 @@ fn bad_input_is_refused_with_the_field_named_and_changes_nothing() {
     let job_states = || -> Vec<(String, i32)> {
         c.jobs("/")
             .into_iter()
-            .map(|j| (j.job_id, j.state))
+            .map(|j| (j.job_id().to_owned(), j.state.unwrap_or_default()))
             .collect()
     };
     let before = job_states();

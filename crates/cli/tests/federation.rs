@@ -386,7 +386,7 @@ fn hub_routes_mirrors_cancels_and_survives_a_peer_restart() {
     wait_state(&hub, &queued, "succeeded");
     // Nothing lost or duplicated: every job the hub sent to cw-a exists there exactly once.
     for j in [&h100, &long, &survivor, &queued] {
-        let n = a.jobs(j).iter().filter(|s| s.job_id == **j).count();
+        let n = a.jobs(j).iter().filter(|s| s.job_id() == *j).count();
         assert_eq!(n, 1, "{j} on cw-a");
     }
     drop(c);
@@ -944,7 +944,7 @@ impl LossyLink {
 
 /// Jobs on `c` whose id is `job` (a peer must never hold two of one handoff).
 fn copies(c: &TestCluster, job: &str) -> usize {
-    c.jobs(job).iter().filter(|j| j.job_id == job).count()
+    c.jobs(job).iter().filter(|j| j.job_id() == job).count()
 }
 
 /// Issue 18, federation faults: the hub's handoff reaches the peer but the peer's answer is

@@ -453,7 +453,7 @@ fn regenerate_malformed_corpus() {
     std::fs::create_dir_all(&dir).expect("dir");
     let w = |name: &str, data: &[u8]| std::fs::write(dir.join(name), data).expect("write");
     let valid = cc::LaunchJobRequest {
-        name: "/u/fuzzed".into(),
+        name: Some("/u/fuzzed".into()),
         entrypoint: Some(job::RuntimeEntrypoint {
             run_command: Some(job::CommandEntrypoint {
                 argv: vec!["echo".into(), "hello".into()],
@@ -466,7 +466,7 @@ fn regenerate_malformed_corpus() {
             disk_bytes: 1 << 30,
             device: None,
         }),
-        replicas: 1,
+        replicas: Some(1),
         ..Default::default()
     }
     .encode_to_vec();

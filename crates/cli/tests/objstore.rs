@@ -273,7 +273,10 @@ impl Remote {
 }
 
 fn job_ids(c: &TestCluster) -> Vec<String> {
-    c.jobs("/").into_iter().map(|j| j.job_id).collect()
+    c.jobs("/")
+        .into_iter()
+        .map(|j| j.job_id.unwrap_or_default())
+        .collect()
 }
 
 fn delete_local_db(c: &TestCluster) {

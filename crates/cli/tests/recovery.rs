@@ -203,7 +203,7 @@ fn kill_9_of_the_controller_mid_submission_loses_nothing() {
     let states: BTreeMap<String, i32> = c
         .jobs("/u/crash-")
         .into_iter()
-        .map(|j| (j.job_id, j.state))
+        .map(|j| (j.job_id.unwrap_or_default(), j.state.unwrap_or_default()))
         .collect();
     // Every acknowledged job is there, and every job (acknowledged or not) ended correctly.
     for i in &acked {
@@ -440,7 +440,7 @@ fn worker_loss_with_preemption_budget_0_fails_the_job_worker_failed() {
     let orphans = two_replicas_then_kill_w0(&mut c, "wl0", &["--max-retries-preemption", "0"]);
     let s = c.wait_job("/u/wl0", "worker_failed");
     kill_pids(&orphans);
-    assert_eq!(c.job_request("/u/wl0").max_retries_preemption, 0);
+    assert_eq!(c.job_request("/u/wl0").max_retries_preemption, Some(0));
     for t in 0..2 {
         let a = c.attempts(&format!("/u/wl0/{t}"));
         assert_eq!(a.len(), 1, "no rerun with budget 0: {a:?}");
@@ -487,7 +487,10 @@ fn delete_local_db(c: &TestCluster) {
 }
 
 fn job_ids(c: &TestCluster) -> Vec<String> {
-    c.jobs("/").into_iter().map(|j| j.job_id).collect()
+    c.jobs("/")
+        .into_iter()
+        .map(|j| j.job_id.unwrap_or_default())
+        .collect()
 }
 
 /// `iris cluster controller checkpoint` → the checkpoint's epoch ms.

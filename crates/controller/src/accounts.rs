@@ -145,9 +145,9 @@ impl Controller {
                     JobState::friendly,
                     JobState::from_code,
                 ),
-                user: u.user,
+                user: Some(u.user),
                 // No auth: no role policy.
-                role: String::new(),
+                role: Some(String::new()),
             })
             .collect();
         Ok(c::ListUsersResponse { users })

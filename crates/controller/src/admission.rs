@@ -99,7 +99,7 @@ impl Controller {
         &self,
         mut req: c::LaunchJobRequest,
     ) -> Result<c::LaunchJobResponse> {
-        let name = JobName::parse(&req.name).map_err(|e| Error::invalid(format!("name: {e}")))?;
+        let name = JobName::parse(req.name()).map_err(|e| Error::invalid(format!("name: {e}")))?;
         let caller = crate::auth::caller();
         let handoff = req.federation.clone();
         let (name, submitting_user) = match &handoff {
@@ -109,8 +109,9 @@ impl Controller {
                 (name, f.submitting_user.clone())
             }
             None => {
-                let name = self.authorize_submission(name, req.priority_band)?;
-                self.authorize_container_profile(&name, req.container_profile)?;
+                let name =
+                    self.authorize_submission(name, req.priority_band.unwrap_or_default())?;
+                self.authorize_container_profile(&name, req.container_profile.unwrap_or_default())?;
                 let who = if caller.anonymous {
                     "local_admin".to_string()
                 } else {
@@ -119,7 +120,7 @@ impl Controller {
                 (name, who)
             }
         };
-        req.name = name.to_string();
+        req.name = Some(name.to_string());
         if let Some(env) = &req.environment {
             for secret in env.secrets.keys() {
                 if !iris_types::ids::valid_secret_name(secret) {
@@ -129,13 +130,13 @@ impl Controller {
                 }
             }
         }
-        if req.replicas == 0 {
-            req.replicas = 1;
+        if req.replicas() == 0 {
+            req.replicas = Some(1);
         }
-        if req.replicas < 1 || req.replicas > MAX_REPLICAS {
+        if req.replicas() < 1 || req.replicas() > MAX_REPLICAS {
             return Err(Error::invalid(format!(
                 "replicas: {} is out of range; use 1 to {MAX_REPLICAS}",
-                req.replicas
+                req.replicas()
             )));
         }
         let res = req.resources.clone().unwrap_or_default();
@@ -161,9 +162,9 @@ impl Controller {
                 "entrypoint.run_command.argv: a command is required (e.g. iris job run -- python train.py)",
             ));
         }
-        if req.max_retries_failure < 0
-            || req.max_retries_preemption < 0
-            || req.max_task_failures < 0
+        if req.max_retries_failure.unwrap_or_default() < 0
+            || req.max_retries_preemption.unwrap_or_default() < 0
+            || req.max_task_failures.unwrap_or_default() < 0
         {
             return Err(Error::invalid("max_retries_failure, max_retries_preemption and max_task_failures must not be negative"));
         }
@@ -172,10 +173,10 @@ impl Controller {
                 return Err(Error::invalid("coscheduling.group_by must not be empty"));
             }
         }
-        if req.bundle_blob.len() > MAX_BUNDLE_BYTES {
+        if req.bundle_blob().len() > MAX_BUNDLE_BYTES {
             return Err(Error::invalid(format!(
                 "bundle_blob: {} bytes exceeds the {} MiB limit; exclude large files with --exclude",
-                req.bundle_blob.len(),
+                req.bundle_blob.unwrap_or_default().len(),
                 MAX_BUNDLE_BYTES >> 20
             )));
         }
@@ -184,16 +185,19 @@ impl Controller {
         }
         // Freshness gate: root jobs only (a parent's handoff was checked there).
         if name.is_root() && handoff.is_none() {
-            check_revision_date(&req.client_revision_date, self.cfg.revision_date.as_deref())?;
+            check_revision_date(
+                req.client_revision_date(),
+                self.cfg.revision_date.as_deref(),
+            )?;
         }
         // Auto device constraints.
-        if dtype != "cpu" && !req.constraints.iter().any(|k| k.key == "device-type") {
+        if dtype != "cpu" && !req.constraints.iter().any(|k| k.key() == "device-type") {
             req.constraints.push(eq_constraint("device-type", dtype));
         }
         if dtype != "cpu"
             && !variant.is_empty()
             && !variant.eq_ignore_ascii_case("auto")
-            && !req.constraints.iter().any(|k| k.key == "device-variant")
+            && !req.constraints.iter().any(|k| k.key() == "device-variant")
         {
             req.constraints.push(eq_constraint(
                 "device-variant",
@@ -203,12 +207,12 @@ impl Controller {
         let t = now();
         let user = name.user().to_string();
         // Bundle: content-addressed under the state dir.
-        if !req.bundle_blob.is_empty() {
-            let sha = hex::encode(sha2::Sha256::digest(&req.bundle_blob));
+        if !req.bundle_blob().is_empty() {
+            let sha = hex::encode(sha2::Sha256::digest(req.bundle_blob()));
             let path = self.cfg.state_dir.join("bundles").join(&sha);
             if !path.exists() {
                 let tmp = path.with_extension("tmp");
-                if let Err(e) = std::fs::write(&tmp, &req.bundle_blob)
+                if let Err(e) = std::fs::write(&tmp, req.bundle_blob())
                     .and_then(|()| std::fs::rename(&tmp, &path))
                 {
                     // A full disk leaves no partial bundle behind to take more of it.
@@ -216,27 +220,27 @@ impl Controller {
                     return Err(e.into());
                 }
             }
-            req.bundle_id = sha;
-            req.bundle_blob.clear();
-        } else if !req.bundle_id.is_empty()
-            && (!valid_sha(&req.bundle_id)
+            req.bundle_id = Some(sha);
+            req.bundle_blob = None;
+        } else if !req.bundle_id().is_empty()
+            && (!valid_sha(req.bundle_id())
                 || !self
                     .cfg
                     .state_dir
                     .join("bundles")
-                    .join(&req.bundle_id)
+                    .join(req.bundle_id())
                     .exists())
         {
             return Err(Error::invalid(format!(
                 "bundle_id '{}' is not a bundle this controller has; send bundle_blob instead",
-                req.bundle_id
+                req.bundle_id()
             )));
         }
         let skip_band_ceiling = handoff.is_some()
             || (self.cfg.auth.is_some()
                 && caller.is_admin()
                 && matches!(
-                    Band::from_code(req.priority_band),
+                    Band::from_code(req.priority_band.unwrap_or_default()),
                     Some(Band::System) | Some(Band::Production)
                 ));
         let (reply, rx) = tokio::sync::oneshot::channel();
@@ -351,7 +355,7 @@ impl Controller {
             }
             None => None,
         };
-        let band = match req.priority_band {
+        let band = match req.priority_band.unwrap_or_default() {
             0 => parent_band.unwrap_or(Band::Interactive),
             code => Band::from_code(code).ok_or_else(|| {
                 Error::invalid(format!(
@@ -374,7 +378,7 @@ impl Controller {
                 ));
             }
         }
-        req.priority_band = band.code();
+        req.priority_band = Some(band.code());
         // Feasibility, and where the job runs (here, or queued for a federation peer).
         let local = self.check_feasible(workers, &name, &req);
         let route = self.classify_submit(&name, &mut req, local, submitting_user)?;
@@ -410,8 +414,8 @@ impl Controller {
             }
         }
         if let Some(st) = existing {
-            let policy = ExistingJobPolicy::from_code(req.existing_job_policy);
-            match on_existing(policy, req.fail_if_exists, st) {
+            let policy = ExistingJobPolicy::from_code(req.existing_job_policy.unwrap_or_default());
+            match on_existing(policy, req.fail_if_exists.unwrap_or_default(), st) {
                 OnExisting::Keep => {
                     return Ok((
                         c::LaunchJobResponse {
@@ -467,7 +471,7 @@ impl Controller {
                 .as_ref()
                 .map(|d| d.milliseconds)
                 .filter(|m| *m > 0),
-            max_task_failures: req.max_task_failures as i64,
+            max_task_failures: req.max_task_failures() as i64,
             entrypoint_json: req.entrypoint.as_ref().and_then(|e| {
                 let mut e = e.clone();
                 e.workdir_files.clear();
@@ -477,19 +481,19 @@ impl Controller {
                 .environment
                 .as_ref()
                 .and_then(|e| serde_json::to_string(e).ok()),
-            bundle_id: (!req.bundle_id.is_empty()).then(|| req.bundle_id.clone()),
+            bundle_id: req.bundle_id.clone().filter(|b| !b.is_empty()),
             ports_json: serde_json::to_string(&req.ports).ok(),
-            max_retries_failure: req.max_retries_failure as i64,
-            max_retries_preemption: req.max_retries_preemption as i64,
+            max_retries_failure: req.max_retries_failure() as i64,
+            max_retries_preemption: req.max_retries_preemption() as i64,
             timeout_ms: req
                 .timeout
                 .as_ref()
                 .map(|d| d.milliseconds)
                 .filter(|m| *m > 0),
-            preemption_policy: req.preemption_policy,
-            existing_job_policy: req.existing_job_policy,
+            preemption_policy: req.preemption_policy.unwrap_or_default(),
+            existing_job_policy: req.existing_job_policy.unwrap_or_default(),
             priority_band: band.code(),
-            task_image: (!req.task_image.is_empty()).then(|| req.task_image.clone()),
+            task_image: req.task_image.clone().filter(|t| !t.is_empty()),
             submit_argv_json: serde_json::to_string(&req.submit_argv).ok(),
             request_blob: prost::Message::encode_to_vec(stored),
         };
@@ -500,7 +504,7 @@ impl Controller {
             parent_job_id: parent.as_ref().map(|p| p.to_string()),
             root_job_id: name.root_job().to_string(),
             depth: name.depth(),
-            num_tasks: req.replicas as u32,
+            num_tasks: req.replicas() as u32,
             failed: None,
             cfg,
             workdir_files: Vec::new(),
@@ -590,8 +594,14 @@ impl Controller {
             .collect();
         let res = crate::spec::resources_of(req.resources.as_ref());
         let group_by = req.coscheduling.as_ref().map(|c| c.group_by.as_str());
-        iris_scheduler::feasible_anywhere(&res, &all, group_by, req.replicas.max(1) as u32, workers)
-            .map_err(|why| Error::precondition(format!("Job {name} is unschedulable: {why}")))
+        iris_scheduler::feasible_anywhere(
+            &res,
+            &all,
+            group_by,
+            req.replicas().max(1) as u32,
+            workers,
+        )
+        .map_err(|why| Error::precondition(format!("Job {name} is unschedulable: {why}")))
     }
 
     /// Elevated container profiles (DOCKER_ACCESS, PRIVILEGED) need an admin when auth is on;
@@ -609,7 +619,8 @@ impl Controller {
         if caller.role == iris_auth::Role::Task {
             if let Some(parent) = name.parent() {
                 let spec = self.spec(&*self.db(), parent.as_str())?;
-                if spec.is_some_and(|s| s.request.container_profile == profile) {
+                if spec.is_some_and(|s| s.request.container_profile.unwrap_or_default() == profile)
+                {
                     return Ok(());
                 }
             }
@@ -681,13 +692,13 @@ impl Controller {
 
 fn eq_constraint(key: &str, value: &str) -> job::Constraint {
     job::Constraint {
-        key: key.into(),
-        op: 0,
+        key: Some(key.into()),
+        op: Some(0),
         value: Some(job::AttributeValue {
             value: Some(job::attribute_value::Value::StringValue(value.into())),
         }),
         values: Vec::new(),
-        mode: 0,
+        mode: Some(0),
     }
 }
 

@@ -94,10 +94,10 @@ fn register_request(
         })),
     };
     let md = job::WorkerMetadata {
-        hostname: reg.hostname,
-        cpu_count: count(cap.cpu_millicores / 1000),
-        memory_bytes: cap.memory_bytes,
-        disk_bytes: cap.disk_bytes,
+        hostname: Some(reg.hostname),
+        cpu_count: Some(count(cap.cpu_millicores / 1000)),
+        memory_bytes: Some(cap.memory_bytes),
+        disk_bytes: Some(cap.disk_bytes),
         device: device.map(|d| job::DeviceConfig { device: Some(d) }),
         attributes: reg
             .attributes
@@ -264,8 +264,8 @@ mod tests {
         assert_eq!(req.address, "inproc://k8s-h100");
         assert_eq!(req.scale_group, "kubernetes");
         assert_eq!(req.metadata.as_ref(), Some(&md));
-        assert_eq!(md.cpu_count, 1_000_000);
-        assert_eq!(md.memory_bytes, 1 << 60);
+        assert_eq!(md.cpu_count, Some(1_000_000));
+        assert_eq!(md.memory_bytes, Some(1 << 60));
         assert_eq!(
             md.device.and_then(|d| d.device),
             Some(job::device_config::Device::Gpu(job::GpuDevice {

@@ -44,17 +44,17 @@ impl Controller {
             let job_band = self.spec(&tx, task.job.as_str())?.map(|s| s.band);
             (status, crate::tick::read_snapshot(self, &tx)?, job_band)
         };
-        let state = TaskState::from_code(status.state);
+        let state = TaskState::from_code(status.state.unwrap_or_default());
         let mut out = pb::ExplainTaskResponse {
             task_id: req.task_id.clone(),
-            state: status.state,
+            state: status.state.unwrap_or_default(),
             band: job_band.map(|b| b.name().to_string()).unwrap_or_default(),
             pending_reason: reason.unwrap_or_default(),
             ..Default::default()
         };
         if state != Some(TaskState::Pending) {
             let name = state.map_or_else(
-                || format!("state {}", status.state),
+                || format!("state {}", status.state.unwrap_or_default()),
                 |s| s.friendly().to_string(),
             );
             out.note = format!(

@@ -19,11 +19,11 @@ fn gpu_worker() -> (c::RegisterRequest, job::WorkerMetadata) {
         metadata: None,
     };
     let md = job::WorkerMetadata {
-        hostname: "node-5".into(),
-        ip_address: "10.0.0.5".into(),
-        cpu_count: 32,
-        memory_bytes: 256 * GIB,
-        disk_bytes: 1024 * GIB,
+        hostname: Some("node-5".into()),
+        ip_address: Some("10.0.0.5".into()),
+        cpu_count: Some(32),
+        memory_bytes: Some(256 * GIB),
+        disk_bytes: Some(1024 * GIB),
         device: Some(job::DeviceConfig {
             device: Some(job::device_config::Device::Gpu(job::GpuDevice {
                 variant: "H100".into(),
@@ -93,8 +93,8 @@ fn registration_of_a_cpu_worker_is_variant_cpu_without_a_scale_group() {
         ..Default::default()
     };
     let md = job::WorkerMetadata {
-        cpu_count: 4,
-        memory_bytes: 8 * GIB,
+        cpu_count: Some(4),
+        memory_bytes: Some(8 * GIB),
         ..Default::default()
     };
     let r = registration_of(&req, &md);

@@ -62,7 +62,7 @@ pub fn attr_to_proto(v: &AttrValue) -> job::AttributeValue {
 
 /// Converts a wire constraint; `Err` names the problem.
 pub fn constraint_from_proto(c: &PConstraint) -> Result<Constraint, String> {
-    let op = match c.op {
+    let op = match c.op.unwrap_or_default() {
         0 => ConstraintOp::Eq,
         1 => ConstraintOp::Ne,
         2 => ConstraintOp::Exists,
@@ -75,11 +75,11 @@ pub fn constraint_from_proto(c: &PConstraint) -> Result<Constraint, String> {
         other => {
             return Err(format!(
                 "constraints: unknown op {other} for key '{}'",
-                c.key
+                c.key()
             ))
         }
     };
-    if c.key.trim().is_empty() {
+    if c.key().trim().is_empty() {
         return Err("constraints: key must not be empty".into());
     }
     let value = c.value.as_ref().and_then(attr_from_proto);
@@ -91,22 +91,22 @@ pub fn constraint_from_proto(c: &PConstraint) -> Result<Constraint, String> {
     {
         return Err(format!(
             "constraints: {} {} needs a value",
-            c.key,
+            c.key(),
             op.name()
         ));
     }
     if op == ConstraintOp::In && c.values.is_empty() {
         return Err(format!(
             "constraints: {} IN needs at least one value",
-            c.key
+            c.key()
         ));
     }
     Ok(Constraint {
-        key: c.key.clone(),
+        key: c.key.clone().unwrap_or_default(),
         op,
         value,
         values: c.values.iter().filter_map(attr_from_proto).collect(),
-        required: c.mode != 1,
+        required: c.mode != Some(1),
     })
 }
 
@@ -125,7 +125,7 @@ impl JobSpec {
             .as_ref()
             .map(|c| c.group_by.clone())
             .filter(|g| !g.is_empty());
-        let num_tasks = request.replicas.max(1) as u32;
+        let num_tasks = request.replicas().max(1) as u32;
         JobSpec {
             request,
             resources,

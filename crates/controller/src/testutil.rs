@@ -45,10 +45,10 @@ pub(crate) fn register_at(ctl: &Controller, id: &str, address: &str, cpus: i32, 
         ..Default::default()
     };
     let md = job::WorkerMetadata {
-        hostname: id.into(),
-        cpu_count: cpus,
-        memory_bytes: memory,
-        disk_bytes: 100 * GIB,
+        hostname: Some(id.into()),
+        cpu_count: Some(cpus),
+        memory_bytes: Some(memory),
+        disk_bytes: Some(100 * GIB),
         ..Default::default()
     };
     crate::reconcile::upsert_worker(ctl, &req, &md).expect("register worker");
@@ -61,7 +61,7 @@ pub(crate) fn register(ctl: &Controller, id: &str, cpus: i32, memory: i64) {
 /// A `LaunchJob` request for `replicas` tasks of `cpu_millicores` and 1 GiB each.
 pub(crate) fn request(name: &str, replicas: i32, cpu_millicores: i32) -> c::LaunchJobRequest {
     c::LaunchJobRequest {
-        name: name.into(),
+        name: Some(name.into()),
         entrypoint: Some(job::RuntimeEntrypoint {
             run_command: Some(job::CommandEntrypoint {
                 argv: vec!["python".into(), "train.py".into()],
@@ -73,7 +73,7 @@ pub(crate) fn request(name: &str, replicas: i32, cpu_millicores: i32) -> c::Laun
             memory_bytes: GIB,
             ..Default::default()
         }),
-        replicas,
+        replicas: Some(replicas),
         ..Default::default()
     }
 }
@@ -92,15 +92,15 @@ pub(crate) fn insert_job_at(
     federated: Option<&str>,
 ) {
     let res = req.resources.clone().unwrap_or_default();
-    let name = iris_types::JobName::parse(&req.name).expect("job name");
+    let name = iris_types::JobName::parse(req.name()).expect("job name");
     let new = apply::NewJob {
-        job_id: req.name.clone(),
+        job_id: req.name.clone().unwrap_or_default(),
         user_id: name.user().to_string(),
         submitting_user: name.user().to_string(),
         parent_job_id: None,
-        root_job_id: req.name.clone(),
+        root_job_id: req.name.clone().unwrap_or_default(),
         depth: 1,
-        num_tasks: req.replicas.max(1) as u32,
+        num_tasks: req.replicas().max(1) as u32,
         failed: None,
         cfg: apply::JobConfigRow {
             res_cpu_millicores: res.cpu_millicores as i64,
@@ -121,7 +121,7 @@ pub(crate) fn insert_job_at(
     if let Some(peer) = federated {
         use iris_store::federation as sf;
         let user = name.user().to_string();
-        sf::insert_handle(&tx, &req.name, sf::SENT, peer, &user, sf::QUEUED, "nonce")
+        sf::insert_handle(&tx, req.name(), sf::SENT, peer, &user, sf::QUEUED, "nonce")
             .expect("insert handle");
     }
     tx.commit().expect("commit");

@@ -65,7 +65,7 @@ const CODES: &[&str] = &[
 /// Valid requests to mutate: protobuf and proto-JSON LaunchJobs exercising most fields.
 fn seeds() -> Vec<(bool, Vec<u8>)> {
     let full = c::LaunchJobRequest {
-        name: "/u/seed".into(),
+        name: Some("/u/seed".into()),
         entrypoint: Some(job::RuntimeEntrypoint {
             run_command: Some(job::CommandEntrypoint {
                 argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
@@ -87,15 +87,15 @@ fn seeds() -> Vec<(bool, Vec<u8>)> {
             env_vars: [("A".to_string(), "b".to_string())].into_iter().collect(),
             ..Default::default()
         }),
-        replicas: 4,
-        max_retries_failure: 2,
-        max_retries_preemption: 0,
+        replicas: Some(4),
+        max_retries_failure: Some(2),
+        max_retries_preemption: Some(0),
         coscheduling: Some(job::CoschedulingConfig {
             group_by: "pool".into(),
         }),
         constraints: vec![job::Constraint {
-            key: "region".into(),
-            op: 8,
+            key: Some("region".into()),
+            op: Some(8),
             values: vec![job::AttributeValue {
                 value: Some(job::attribute_value::Value::StringValue("us".into())),
             }],
@@ -103,13 +103,13 @@ fn seeds() -> Vec<(bool, Vec<u8>)> {
         }],
         timeout: Some(iris_proto::time::Duration { milliseconds: 1000 }),
         scheduling_timeout: Some(iris_proto::time::Duration { milliseconds: 5 }),
-        priority_band: 3,
-        bundle_blob: b"PK\x05\x06not really a zip".to_vec(),
+        priority_band: Some(3),
+        bundle_blob: Some(b"PK\x05\x06not really a zip".to_vec()),
         ports: vec!["http".into()],
         ..Default::default()
     };
     let small = c::LaunchJobRequest {
-        name: "/u/small".into(),
+        name: Some("/u/small".into()),
         entrypoint: full.entrypoint.clone(),
         ..Default::default()
     };

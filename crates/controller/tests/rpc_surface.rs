@@ -41,7 +41,7 @@ impl Harness {
 
     async fn launch(&self, name: &str, replicas: i32, bundle: Vec<u8>) -> Result<String, RpcError> {
         let req = c::LaunchJobRequest {
-            name: name.into(),
+            name: Some(name.into()),
             entrypoint: Some(job::RuntimeEntrypoint {
                 run_command: Some(job::CommandEntrypoint {
                     argv: vec!["true".into()],
@@ -53,9 +53,9 @@ impl Harness {
                 memory_bytes: 2 << 30,
                 ..Default::default()
             }),
-            replicas,
-            bundle_blob: bundle,
-            client_revision_date: "2026-10-24".into(),
+            replicas: Some(replicas),
+            bundle_blob: Some(bundle),
+            client_revision_date: Some("2026-10-24".into()),
             ..Default::default()
         };
         let r: c::LaunchJobResponse = self.call("LaunchJob", &req).await?;
@@ -197,7 +197,7 @@ async fn list_users_and_scheduler_state_report_pending_work_and_budgets() {
         .unwrap();
 
     let users: c::ListUsersResponse = h.call("ListUsers", &c::ListUsersRequest {}).await.unwrap();
-    let names: Vec<&str> = users.users.iter().map(|u| u.user.as_str()).collect();
+    let names: Vec<&str> = users.users.iter().map(|u| u.user()).collect();
     assert_eq!(names, ["alice", "bob"], "users with active jobs first");
     let alice = &users.users[0];
     assert_eq!(alice.job_state_counts["pending"], 1);

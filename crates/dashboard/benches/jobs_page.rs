@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 fn request(name: String) -> c::LaunchJobRequest {
     c::LaunchJobRequest {
-        name,
+        name: Some(name),
         entrypoint: Some(job::RuntimeEntrypoint {
             run_command: Some(job::CommandEntrypoint {
                 argv: vec!["true".into()],
@@ -26,8 +26,8 @@ fn request(name: String) -> c::LaunchJobRequest {
             disk_bytes: 1 << 30,
             device: None,
         }),
-        replicas: 1,
-        max_retries_preemption: 1000,
+        replicas: Some(1),
+        max_retries_preemption: Some(1000),
         ..Default::default()
     }
 }

@@ -145,7 +145,7 @@ impl Api {
     /// `inproc://…`) have unbounded nominal capacity and are shown as backends instead.
     pub async fn list_worker_daemons(&self) -> Result<c::ListWorkersResponse, RpcError> {
         let mut r = self.list_workers().await?;
-        r.workers.retain(|w| !w.address.starts_with("inproc://"));
+        r.workers.retain(|w| !w.address().starts_with("inproc://"));
         Ok(r)
     }
 

@@ -284,7 +284,7 @@ async fn job(
     let attempts = attempts
         .map(|r| pages::attempts_from(&r.attempts))
         .unwrap_or_default();
-    let children = if j.has_children {
+    let children = if j.has_children.unwrap_or_default() {
         api.list_jobs(c::JobQuery {
             parent_job_id: id.clone(),
             limit: 50,
@@ -300,7 +300,7 @@ async fn job(
         .map(|r| r.endpoints)
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.task_id.rsplit_once('/').map(|(job, _)| job) == Some(id.as_str()))
+        .filter(|e| e.task_id().rsplit_once('/').map(|(job, _)| job) == Some(id.as_str()))
         .collect();
     let view = pages::JobView {
         job: j,
@@ -361,7 +361,7 @@ async fn task(
     let tail = tail.map(|r| r.entries).unwrap_or_default();
     // Only a pending task has a placement to explain.
     let pending =
-        status.task.as_ref().map(|t| t.state) == Some(iris_types::TaskState::Pending.code());
+        status.task.as_ref().map(|t| t.state) == Some(Some(iris_types::TaskState::Pending.code()));
     let explain = if pending {
         Some(api.explain_task(&id).await)
     } else {
@@ -590,11 +590,11 @@ async fn scheduler(Extension(api): Extension<Api>, headers: HeaderMap) -> Respon
         let v = r
             .tasks
             .into_iter()
-            .filter(|t| t.state == iris_types::TaskState::Pending.code())
+            .filter(|t| t.state == Some(iris_types::TaskState::Pending.code()))
             .take(SCHEDULER_TASKS_PER_JOB)
             .map(|t| pages::PendingTask {
-                task_id: t.task_id,
-                reason: t.pending_reason,
+                task_id: t.task_id.unwrap_or_default(),
+                reason: t.pending_reason.unwrap_or_default(),
             })
             .collect();
         pending.insert(j.clone(), v);

@@ -47,14 +47,14 @@ impl Hold {
 /// workers advertise `("cpu", "cpu")` with their cores.
 pub fn advertised(w: &c::WorkerHealthStatus) -> (String, String, i64) {
     let md = w.metadata.clone().unwrap_or_default();
-    match md.device.and_then(|d| d.device) {
+    match md.device.clone().and_then(|d| d.device) {
         Some(Device::Gpu(g)) if g.count > 0 => {
             ("gpu".into(), g.variant.to_lowercase(), g.count as i64)
         }
         Some(Device::Tpu(t)) if t.count > 0 => {
             ("tpu".into(), t.variant.to_lowercase(), t.count as i64)
         }
-        _ => ("cpu".into(), "cpu".into(), md.cpu_count as i64),
+        _ => ("cpu".into(), "cpu".into(), md.cpu_count() as i64),
     }
 }
 
@@ -103,14 +103,21 @@ pub fn variants(workers: &[c::WorkerHealthStatus], holds: &[Hold]) -> Vec<Varian
     };
     for w in workers {
         let (kind, variant, units) = advertised(w);
-        let cores = w.metadata.as_ref().map(|m| m.cpu_count as i64).unwrap_or(0);
-        if w.healthy {
+        let cores = w
+            .metadata
+            .as_ref()
+            .map(|m| m.cpu_count() as i64)
+            .unwrap_or(0);
+        if w.healthy.unwrap_or_default() {
             cpu.total += cores;
             cpu.healthy_workers += 1;
         } else {
             cpu.unhealthy_workers += 1;
         }
-        by_worker.insert(&w.worker_id, (kind.clone(), variant.clone(), w.healthy));
+        by_worker.insert(
+            w.worker_id(),
+            (kind.clone(), variant.clone(), w.healthy.unwrap_or_default()),
+        );
         if kind == "cpu" {
             continue;
         }
@@ -121,7 +128,7 @@ pub fn variants(workers: &[c::WorkerHealthStatus], holds: &[Hold]) -> Vec<Varian
                 variant,
                 ..Default::default()
             });
-        if w.healthy {
+        if w.healthy.unwrap_or_default() {
             v.total += units;
             v.healthy_workers += 1;
         } else {
@@ -188,12 +195,12 @@ pub(crate) mod tests {
 
     pub fn gpu_worker(id: &str, variant: &str, n: i32, healthy: bool) -> c::WorkerHealthStatus {
         c::WorkerHealthStatus {
-            worker_id: id.into(),
-            healthy,
-            address: "127.0.0.1:1".into(),
+            worker_id: Some(id.into()),
+            healthy: Some(healthy),
+            address: Some("127.0.0.1:1".into()),
             metadata: Some(job::WorkerMetadata {
-                cpu_count: 16,
-                memory_bytes: 64 << 30,
+                cpu_count: Some(16),
+                memory_bytes: Some(64 << 30),
                 device: Some(job::DeviceConfig {
                     device: Some(Device::Gpu(job::GpuDevice {
                         variant: variant.into(),

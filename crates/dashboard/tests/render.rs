@@ -76,18 +76,18 @@ fn job_fixture(i: usize, state: i32) -> job::JobStatus {
     counts.insert("pending".to_string(), 1);
     counts.insert("succeeded".to_string(), 1);
     job::JobStatus {
-        job_id: format!("/alice/train-run-with-a-long-name-{i:05}"),
-        state,
+        job_id: Some(format!("/alice/train-run-with-a-long-name-{i:05}")),
+        state: Some(state),
         submitted_at: Some(Timestamp {
             epoch_ms: NOW - 60_000 - i as i64,
         }),
         started_at: Some(Timestamp {
             epoch_ms: NOW - 30_000,
         }),
-        task_count: 4,
+        task_count: Some(4),
         task_state_counts: counts,
-        submitting_user: "alice".into(),
-        pending_reason: "Insufficient resources: need 8 gpu (h100), best worker has 0 free; <script>alert(1)</script>".into(),
+        submitting_user: Some("alice".into()),
+        pending_reason: Some("Insufficient resources: need 8 gpu (h100), best worker has 0 free; <script>alert(1)</script>".into()),
         ..Default::default()
     }
 }
@@ -98,8 +98,8 @@ fn jobs_page_with_many_jobs_is_small_escaped_and_well_formed() {
         jobs: (0..pages::JOBS_PER_PAGE as usize)
             .map(|i| job_fixture(i, 1 + (i % 8) as i32))
             .collect(),
-        total_count: 10_000,
-        has_more: true,
+        total_count: Some(10_000),
+        has_more: Some(true),
     };
     let counts = vec![
         ("pending".to_string(), 9_000),
@@ -167,14 +167,14 @@ fn job_page_shows_tasks_timeline_and_children() {
     let j = job_fixture(1, 3);
     let tasks: Vec<job::TaskStatus> = (0..3)
         .map(|i| job::TaskStatus {
-            task_id: format!("{}/{i}", j.job_id),
-            state: if i == 0 { 5 } else { 3 },
-            exit_code: 1,
-            worker_id: "w0".into(),
+            task_id: Some(format!("{}/{i}", j.job_id())),
+            state: if i == 0 { Some(5) } else { Some(3) },
+            exit_code: Some(1),
+            worker_id: Some("w0".into()),
             error: if i == 0 {
-                "Exit code: 1".into()
+                Some("Exit code: 1".into())
             } else {
-                String::new()
+                Some(String::new())
             },
             started_at: Some(Timestamp {
                 epoch_ms: NOW - 20_000,
@@ -184,7 +184,7 @@ fn job_page_shows_tasks_timeline_and_children() {
         .collect();
     let rows = vec![
         pb::AttemptSummary {
-            task_id: tasks[0].task_id.clone(),
+            task_id: tasks[0].task_id.clone().unwrap_or_default(),
             attempt_id: 0,
             worker_id: "w0".into(),
             state: 5,
@@ -195,7 +195,7 @@ fn job_page_shows_tasks_timeline_and_children() {
             ..Default::default()
         },
         pb::AttemptSummary {
-            task_id: tasks[0].task_id.clone(),
+            task_id: tasks[0].task_id.clone().unwrap_or_default(),
             attempt_id: 1,
             worker_id: "w1".into(),
             state: 3,
@@ -206,7 +206,7 @@ fn job_page_shows_tasks_timeline_and_children() {
     ];
     let attempts = pages::attempts_from(&rows);
     assert_eq!(
-        attempts.get(&tasks[0].task_id).map(|s| s.to_vec()),
+        attempts.get(tasks[0].task_id()).map(|s| s.to_vec()),
         Some(vec![
             svg::Span {
                 attempt_id: 0,
@@ -230,19 +230,19 @@ fn job_page_shows_tasks_timeline_and_children() {
     );
     let children = c::ListJobsResponse {
         jobs: vec![job::JobStatus {
-            job_id: format!("{}/eval", j.job_id),
-            state: 4,
+            job_id: Some(format!("{}/eval", j.job_id())),
+            state: Some(4),
             ..Default::default()
         }],
-        total_count: 1,
-        has_more: false,
+        total_count: Some(1),
+        has_more: Some(false),
     };
     let endpoints = vec![c::Endpoint {
-        endpoint_id: "ep-1".into(),
-        name: format!("{}/coordinator", j.job_id),
-        address: "10.0.0.5:8476".into(),
-        task_id: format!("{}/0", j.job_id),
-        access: 2,
+        endpoint_id: Some("ep-1".into()),
+        name: Some(format!("{}/coordinator", j.job_id())),
+        address: Some("10.0.0.5:8476".into()),
+        task_id: Some(format!("{}/0", j.job_id())),
+        access: Some(2),
         ..Default::default()
     }];
     let v = pages::JobView {
@@ -268,7 +268,7 @@ fn job_page_shows_tasks_timeline_and_children() {
     ));
     assert!(html.contains("/task/alice/train-run-with-a-long-name-00001/0"));
     let mut killed = j.clone();
-    killed.state = 6;
+    killed.state = Some(6);
     let v = pages::JobView { job: &killed, ..v };
     let p = pages::job_page(&v);
     assert!(p.done, "a finished job stops refreshing");
@@ -279,17 +279,17 @@ fn job_page_shows_tasks_timeline_and_children() {
 fn task_page_shows_attempts_events_and_logs() {
     let resp = c::GetTaskStatusResponse {
         task: Some(job::TaskStatus {
-            task_id: "/u/j/0".into(),
-            state: 5,
-            exit_code: 3,
-            error: "Exit code: 3".into(),
+            task_id: Some("/u/j/0".into()),
+            state: Some(5),
+            exit_code: Some(3),
+            error: Some("Exit code: 3".into()),
             attempts: vec![job::TaskAttempt {
-                attempt_id: 0,
-                worker_id: "w0".into(),
-                state: 5,
-                exit_code: 3,
-                error: "Exit code: 3".into(),
-                attempt_uid: "0123456789abcdef".into(),
+                attempt_id: Some(0),
+                worker_id: Some("w0".into()),
+                state: Some(5),
+                exit_code: Some(3),
+                error: Some("Exit code: 3".into()),
+                attempt_uid: Some("0123456789abcdef".into()),
                 started_at: Some(Timestamp {
                     epoch_ms: NOW - 5000,
                 }),
@@ -455,11 +455,11 @@ fn logs_page_with_a_full_tail_stays_under_the_size_budget() {
 #[test]
 fn backends_page_shows_free_over_total() {
     let ws = vec![c::WorkerHealthStatus {
-        worker_id: "w0".into(),
-        healthy: true,
+        worker_id: Some("w0".into()),
+        healthy: Some(true),
         metadata: Some(job::WorkerMetadata {
-            cpu_count: 8,
-            memory_bytes: 16 << 30,
+            cpu_count: Some(8),
+            memory_bytes: Some(16 << 30),
             device: Some(job::DeviceConfig {
                 device: Some(job::device_config::Device::Gpu(job::GpuDevice {
                     variant: "h100".into(),
@@ -493,8 +493,8 @@ fn backends_page_shows_free_over_total() {
     let html = full(&pages::workers_page(
         Ok(&c::ListWorkersResponse {
             workers: ws,
-            total_count: 1,
-            has_more: false,
+            total_count: Some(1),
+            has_more: Some(false),
         }),
         &BTreeMap::new(),
         NOW,

@@ -166,19 +166,19 @@ fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::manifest::P
     let constraints = req
         .constraints
         .iter()
-        .filter(|k| k.key == "pool" || k.key == "region")
+        .filter(|k| k.key() == "pool" || k.key() == "region")
         .map(|k| {
             let v = k.value.as_ref().and_then(|v| match &v.value {
                 Some(job::attribute_value::Value::StringValue(s)) => Some(s.clone()),
                 _ => None,
             });
-            match (k.op, v) {
+            match (k.op.unwrap_or_default(), v) {
                 (0, Some(value)) => km::manifest::NodeConstraint::Eq {
-                    key: k.key.clone(),
+                    key: k.key().to_owned(),
                     value,
                 },
                 (op, _) => km::manifest::NodeConstraint::Other {
-                    key: k.key.clone(),
+                    key: k.key().to_owned(),
                     op: format!("{op}"),
                 },
             }

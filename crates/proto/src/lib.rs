@@ -115,3 +115,20 @@ include!(concat!(env!("OUT_DIR"), "/services.rs"));
 /// crate (useful for reflection and for schema checks).
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
+
+/// This build's `Provenance`, as `GetProcessStatus` and a worker's registration report it.
+/// The commit and tree hash come from `IRIS_BUILD_COMMIT` / `IRIS_BUILD_TREE_HASH` at build
+/// time and are `unknown` without them, as the published package reports a build outside git.
+pub fn build_provenance() -> job::Provenance {
+    job::Provenance {
+        base_commit: Some(option_env!("IRIS_BUILD_COMMIT").unwrap_or("unknown").into()),
+        tree_hash: Some(
+            option_env!("IRIS_BUILD_TREE_HASH")
+                .unwrap_or("unknown")
+                .into(),
+        ),
+        branch: Some(option_env!("IRIS_BUILD_BRANCH").unwrap_or_default().into()),
+        built_by: Some(String::new()),
+        dirty: Some(false),
+    }
+}

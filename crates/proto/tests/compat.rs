@@ -89,8 +89,8 @@ where
 #[test]
 fn launch_job_request() {
     let req: controller::LaunchJobRequest = check(&fixture!("launch_job_request"));
-    assert_eq!(req.name, "/alice/train-llm");
-    assert_eq!(req.bundle_blob, b"PK\x03\x04\x00\xffbundle");
+    assert_eq!(req.name(), "/alice/train-llm");
+    assert_eq!(req.bundle_blob(), b"PK\x03\x04\x00\xffbundle");
 
     let entry = req.entrypoint.as_ref().expect("entrypoint");
     assert_eq!(
@@ -129,10 +129,10 @@ fn launch_job_request() {
         Some(86_400_000)
     );
     assert_eq!(req.ports, ["http", "actor"]);
-    assert_eq!((req.max_task_failures, req.max_retries_failure), (3, 2));
-    assert_eq!(req.max_retries_preemption, 1000);
-    assert_eq!(req.replicas, 4);
-    assert!(req.fail_if_exists);
+    assert_eq!((req.max_task_failures(), req.max_retries_failure()), (3, 2));
+    assert_eq!(req.max_retries_preemption, Some(1000));
+    assert_eq!(req.replicas, Some(4));
+    assert!(req.fail_if_exists());
 
     use job::attribute_value::Value;
     assert_eq!(req.constraints.len(), 4);
@@ -165,7 +165,7 @@ fn launch_job_request() {
         Some("tpu-name")
     );
     assert_eq!(req.priority_band(), job::PriorityBand::System);
-    assert_eq!(req.priority_band, 4);
+    assert_eq!(req.priority_band, Some(4));
     assert_eq!(
         req.preemption_policy(),
         job::JobPreemptionPolicy::PreserveChildren
@@ -173,7 +173,7 @@ fn launch_job_request() {
     assert_eq!(req.existing_job_policy(), job::ExistingJobPolicy::Recreate);
     assert_eq!(req.container_profile(), job::ContainerProfile::DockerAccess);
     assert_eq!(req.egress_policy(), job::EgressPolicy::Internet);
-    assert_eq!(req.client_revision_date, "2026-01-15");
+    assert_eq!(req.client_revision_date(), "2026-01-15");
     let fed = req.federation.as_ref().expect("federation");
     assert_eq!(fed.requester_id, "parent-cluster");
     assert_eq!(fed.handoff_nonce, "n-42");
@@ -182,7 +182,7 @@ fn launch_job_request() {
 #[test]
 fn job_status() {
     let st: job::JobStatus = check(&fixture!("job_status"));
-    assert_eq!(st.job_id, "/alice/train-llm");
+    assert_eq!(st.job_id(), "/alice/train-llm");
     assert_eq!(st.state(), job::JobState::Running);
     assert_eq!(
         st.started_at.as_ref().map(|t| t.epoch_ms),
@@ -201,10 +201,10 @@ fn job_status() {
     assert_eq!(st.task_state_counts["pending"], 1);
     assert_eq!(st.task_state_counts["succeeded"], 1);
     assert_eq!(st.ports["http"], 8080);
-    assert_eq!((st.task_count, st.completed_count), (4, 1));
-    assert_eq!((st.failure_count, st.preemption_count), (1, 2));
-    assert!(st.has_children);
-    assert_eq!(st.parent_job_id, "/alice");
+    assert_eq!((st.task_count(), st.completed_count()), (4, 1));
+    assert_eq!((st.failure_count(), st.preemption_count()), (1, 2));
+    assert!(st.has_children());
+    assert_eq!(st.parent_job_id(), "/alice");
     assert_eq!(st.peer_status(), job::PeerStatus::Synced);
     assert_eq!(st.tasks.len(), 1);
     match st
@@ -229,10 +229,10 @@ fn job_status() {
 #[test]
 fn task_status() {
     let st: job::TaskStatus = check(&fixture!("task_status"));
-    assert_eq!(st.task_id, "/alice/train-llm/0");
+    assert_eq!(st.task_id(), "/alice/train-llm/0");
     assert_eq!(st.state(), job::TaskState::Running);
-    assert_eq!(st.current_attempt_id, 1);
-    assert!(st.can_be_scheduled);
+    assert_eq!(st.current_attempt_id, Some(1));
+    assert!(st.can_be_scheduled());
     assert_eq!(st.ports["actor"], 31001);
     assert_eq!(
         st.resource_usage.as_ref().map(|u| u.process_count),
@@ -241,12 +241,15 @@ fn task_status() {
     assert_eq!(st.attempts.len(), 2);
 
     let first = &st.attempts[0];
-    assert_eq!(first.attempt_id, 0);
+    assert_eq!(
+        first.attempt_id, None,
+        "attempt 0 is left unset by the fixture"
+    );
     assert_eq!(first.state(), job::TaskState::Preempted);
-    assert_eq!(first.exit_code, 137);
-    assert!(first.is_worker_failure);
-    assert_eq!(first.attempt_uid, "0000000000000000");
-    assert_eq!(first.terminal_reason, "OOMKilled");
+    assert_eq!(first.exit_code, Some(137));
+    assert!(first.is_worker_failure());
+    assert_eq!(first.attempt_uid(), "0000000000000000");
+    assert_eq!(first.terminal_reason(), "OOMKilled");
     let archive = first.output_archive.as_ref().expect("output_archive");
     assert_eq!(
         archive.state(),
@@ -256,11 +259,11 @@ fn task_status() {
         archive.retention(),
         job::task_output_archive::Retention::TaskOutputArchiveRetentionTtl
     );
-    assert_eq!(archive.size_bytes, 123_456_789_012);
+    assert_eq!(archive.size_bytes, Some(123_456_789_012));
     assert_eq!(archive.skipped_sample[0].path, "core.1234");
 
     let second = &st.attempts[1];
-    assert_eq!(second.attempt_id, 1);
+    assert_eq!(second.attempt_id, Some(1));
     assert_eq!(second.state(), job::TaskState::Running);
     assert!(second.finished_at.is_none());
     assert!(second.output_archive.is_none());
@@ -422,12 +425,12 @@ fn list_backends_response() {
 fn unknown_enum_values_round_trip() {
     // Enums are open on both sides: an unknown number must survive a round trip.
     let st = job::JobStatus {
-        state: 99,
+        state: Some(99),
         ..Default::default()
     };
     let back = job::JobStatus::decode(st.encode_to_vec().as_slice()).expect("decode");
-    assert_eq!(back.state, 99);
-    assert!(job::JobState::try_from(back.state).is_err());
+    assert_eq!(back.state, Some(99));
+    assert!(job::JobState::try_from(back.state.unwrap_or_default()).is_err());
 }
 
 #[test]

@@ -38,28 +38,39 @@ fn metadata(cfg: &WorkerConfig, ip_address: &str) -> job::WorkerMetadata {
         })
         .collect();
     job::WorkerMetadata {
-        hostname: "localhost".into(),
-        ip_address: ip_address.to_string(),
-        cpu_count: cfg.cpu_count,
-        memory_bytes: cfg.memory_bytes,
-        disk_bytes: cfg.disk_bytes,
-        gpu_count: cfg
-            .device
-            .as_ref()
-            .filter(|d| d.0 == "gpu")
-            .map(|d| d.2)
-            .unwrap_or(0),
-        gpu_name: cfg
-            .device
-            .as_ref()
-            .filter(|d| d.0 == "gpu")
-            .map(|d| d.1.clone())
-            .unwrap_or_default(),
+        hostname: Some("localhost".into()),
+        ip_address: Some(ip_address.to_string()),
+        cpu_count: Some(cfg.cpu_count),
+        memory_bytes: Some(cfg.memory_bytes),
+        disk_bytes: Some(cfg.disk_bytes),
+        gpu_count: Some(
+            cfg.device
+                .as_ref()
+                .filter(|d| d.0 == "gpu")
+                .map(|d| d.2)
+                .unwrap_or(0),
+        ),
+        gpu_name: Some(
+            cfg.device
+                .as_ref()
+                .filter(|d| d.0 == "gpu")
+                .map(|d| d.1.clone())
+                .unwrap_or_default(),
+        ),
         device: Some(job::DeviceConfig {
             device: Some(device),
         }),
         attributes,
-        ..Default::default()
+        // A process worker is no cloud VM and no TPU host: those facts are empty, as the
+        // published worker reports them on a local platform.
+        tpu_name: Some(String::new()),
+        tpu_worker_hostnames: Some(String::new()),
+        tpu_worker_id: Some(String::new()),
+        tpu_chips_per_host_bounds: Some(String::new()),
+        gpu_memory_mb: Some(0),
+        gce_instance_name: Some(String::new()),
+        gce_zone: Some(String::new()),
+        provenance: Some(iris_proto::build_provenance()),
     }
 }
 

@@ -138,7 +138,7 @@ pub fn task_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<S
     let inherited: Vec<serde_json::Value> = run
         .constraints
         .iter()
-        .filter(|c| INHERITED_CONSTRAINT_KEYS.contains(&c.key.as_str()))
+        .filter(|c| INHERITED_CONSTRAINT_KEYS.contains(&c.key.clone().unwrap_or_default().as_str()))
         .map(proto_json)
         .collect();
     if !inherited.is_empty() {
@@ -349,14 +349,14 @@ mod tests {
         };
         r.constraints = vec![
             Constraint {
-                key: "region".into(),
-                op: job::ConstraintOp::Eq as i32,
+                key: Some("region".into()),
+                op: Some(job::ConstraintOp::Eq as i32),
                 value: Some(s("us-east")),
                 ..Default::default()
             },
             Constraint {
-                key: "device-variant".into(),
-                op: job::ConstraintOp::Eq as i32,
+                key: Some("device-variant".into()),
+                op: Some(job::ConstraintOp::Eq as i32),
                 value: Some(s("v5litepod-16")),
                 ..Default::default()
             },

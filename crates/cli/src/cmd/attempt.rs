@@ -25,7 +25,7 @@ pub(crate) async fn run(a: AttemptCmd, url: Option<String>) -> anyhow::Result<i3
             let att = t
                 .attempts
                 .iter()
-                .find(|x| x.attempt_id as u32 == id.attempt)
+                .find(|x| x.attempt_id() as u32 == id.attempt)
                 .ok_or_else(|| anyhow::anyhow!("attempt {attempt_id} not found"))?;
             output::print_attempt(&id.to_string(), att);
             Ok(0)

@@ -94,10 +94,14 @@ async fn status(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
     let info = p.process_info.unwrap_or_default();
     let version = info
         .provenance
-        .map(|v| v.tree_hash)
+        .and_then(|v| v.tree_hash)
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "unknown".into());
-    let healthy = w.workers.iter().filter(|w| w.healthy).count();
+    let healthy = w
+        .workers
+        .iter()
+        .filter(|w| w.healthy.unwrap_or_default())
+        .count();
     println!("Controller Status:");
     println!("  Running: true");
     println!("  Healthy: true");

@@ -85,22 +85,22 @@ fn print_endpoints(mut eps: Vec<c::Endpoint>) {
         "NAME", "ACCESS", "PEER", "ADDRESS", "TASK"
     );
     for e in eps {
-        let access = Access::from_code(e.access)
+        let access = Access::from_code(e.access.unwrap_or_default())
             .map(|a| a.name().to_string())
-            .unwrap_or_else(|| e.access.to_string());
-        let peer = if e.peer_id.is_empty() {
+            .unwrap_or_else(|| e.access.unwrap_or_default().to_string());
+        let peer = if e.peer_id().is_empty() {
             "local"
         } else {
-            &e.peer_id
+            e.peer_id()
         };
         println!(
             "{:<44} {:<8} {:<16} {:<28} {:<20} /proxy/{}/",
-            e.name,
+            e.name(),
             access,
             peer,
-            e.address,
-            e.task_id,
-            encode_proxy_name(&e.name)
+            e.address(),
+            e.task_id(),
+            encode_proxy_name(e.name())
         );
     }
 }

@@ -54,8 +54,8 @@ fn constraint(key: &str, op: i32, values: &[&str], mode: i32) -> job::Constraint
         value: Some(job::attribute_value::Value::StringValue(s.to_string())),
     };
     job::Constraint {
-        key: key.into(),
-        op,
+        key: Some(key.into()),
+        op: Some(op),
         value: if op == 8 {
             None
         } else {
@@ -66,7 +66,7 @@ fn constraint(key: &str, op: i32, values: &[&str], mode: i32) -> job::Constraint
         } else {
             Vec::new()
         },
-        mode,
+        mode: Some(mode),
     }
 }
 
@@ -315,7 +315,7 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     let (setup_scripts, setup_commands) =
         crate::setup_scripts::for_submission(a.no_sync, &a.extras, &a.sync_packages)?;
     Ok(c::LaunchJobRequest {
-        name: full,
+        name: Some(full),
         entrypoint: Some(job::RuntimeEntrypoint {
             setup_commands,
             run_command: Some(job::CommandEntrypoint {
@@ -337,20 +337,20 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
                 .collect(),
             setup_scripts,
         }),
-        replicas: a.replicas as i32,
-        max_retries_failure: a.max_retries as i32,
-        max_task_failures: a.max_retries as i32,
-        max_retries_preemption: a.max_retries_preemption as i32,
+        replicas: Some(a.replicas as i32),
+        max_retries_failure: Some(a.max_retries as i32),
+        max_task_failures: Some(a.max_retries as i32),
+        max_retries_preemption: Some(a.max_retries_preemption as i32),
         constraints,
         coscheduling,
         timeout: (a.timeout > 0).then_some(iris_proto::time::Duration {
             milliseconds: a.timeout * 1000,
         }),
-        priority_band: band,
+        priority_band: Some(band),
         submit_argv: std::env::args().collect(),
-        task_image: a.task_image.clone().unwrap_or_default(),
-        container_profile,
-        egress_policy,
+        task_image: Some(a.task_image.clone().unwrap_or_default()),
+        container_profile: Some(container_profile),
+        egress_policy: Some(egress_policy),
         ..Default::default()
     })
 }
@@ -368,7 +368,7 @@ pub(crate) async fn run(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
                     cwd.display(),
                     zip.len()
                 );
-                req.bundle_blob = zip;
+                req.bundle_blob = Some(zip);
             }
             let r: c::LaunchJobResponse = call(&cl, "LaunchJob", &req).await?;
             if a.no_wait {
@@ -397,8 +397,9 @@ pub(crate) async fn run(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
                 let r: c::ListJobsResponse =
                     call(&cl, "ListJobs", &c::ListJobsRequest { query: Some(q) }).await?;
                 offset += r.jobs.len() as i32;
+                let more = r.has_more();
                 jobs.extend(r.jobs);
-                if !r.has_more || jobs.len() as i32 >= limit {
+                if !more || jobs.len() as i32 >= limit {
                     break;
                 }
             }
@@ -442,8 +443,8 @@ pub(crate) async fn run(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
                     targets.extend(
                         r.jobs
                             .into_iter()
-                            .filter(|j| !(4..=8).contains(&j.state))
-                            .map(|j| j.job_id),
+                            .filter(|j| !(4..=8).contains(&j.state.unwrap_or_default()))
+                            .map(|j| j.job_id.unwrap_or_default()),
                     );
                 } else {
                     targets.push(id);
@@ -595,10 +596,10 @@ async fn stream_until_done(
             let name = iris_types::JobState::from_code(state)
                 .map(|s| s.friendly())
                 .unwrap_or("unknown");
-            if j.error.is_empty() {
+            if j.error().is_empty() {
                 eprintln!("Job {job_id} {name}");
             } else {
-                eprintln!("Job {job_id} {name}: {}", j.error);
+                eprintln!("Job {job_id} {name}: {}", j.error());
             }
             return Ok(if state == 4 { 0 } else { 1 });
         }

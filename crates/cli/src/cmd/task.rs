@@ -252,12 +252,12 @@ pub(crate) async fn wait_for_task(
             Some(n) => t
                 .attempts
                 .iter()
-                .find(|x| x.attempt_id as u32 == n)
+                .find(|x| x.attempt_id() as u32 == n)
                 .map(|x| x.state)
                 .ok_or_else(|| anyhow::anyhow!("attempt {task_id}:{n} not found"))?,
         };
-        let state =
-            iris_types::TaskState::from_code(code).unwrap_or(iris_types::TaskState::Pending);
+        let state = iris_types::TaskState::from_code(code.unwrap_or_default())
+            .unwrap_or(iris_types::TaskState::Pending);
         if state.is_terminal() {
             return Ok(state);
         }

@@ -93,8 +93,8 @@ pub(crate) async fn run(cmd: VmCmd, url: &Option<String>) -> anyhow::Result<i32>
                 println!("State: {}", vm_state(v.state));
             }
             if let Some(w) = &r.worker {
-                println!("Worker: {}", w.worker_id);
-                println!("Healthy: {}", w.healthy);
+                println!("Worker: {}", w.worker_id());
+                println!("Healthy: {}", w.healthy());
             }
             println!("---");
             if r.bootstrap_logs.is_empty() {

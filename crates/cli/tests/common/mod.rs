@@ -691,8 +691,9 @@ impl TestCluster {
                 }}),
             );
             let n = r.jobs.len();
+            let more = r.has_more();
             out.extend(r.jobs);
-            if !r.has_more || n == 0 {
+            if !more || n == 0 {
                 out.sort_by(|a, b| a.job_id.cmp(&b.job_id));
                 return out;
             }

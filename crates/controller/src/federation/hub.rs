@@ -37,7 +37,7 @@ impl Controller {
             if !self.fed.is_peer(p) {
                 let me = &self.fed.cfg.cluster_name;
                 if !me.is_empty() && p == me {
-                    req.constraints.retain(|k| k.key != fed::CLUSTER_KEY);
+                    req.constraints.retain(|k| k.key() != fed::CLUSTER_KEY);
                     return Ok(Route::Local);
                 }
                 let known: Vec<&str> = self.fed.cfg.peers.iter().map(|p| p.id.as_str()).collect();
@@ -97,47 +97,47 @@ impl Controller {
         conn: &impl iris_store::Read,
         j: &mut job::JobStatus,
     ) -> Result<()> {
-        if j.cluster == "local" {
+        if j.cluster() == "local" {
             return Ok(());
         }
-        let Some(h) = sf::root_handle(conn, &j.job_id)? else {
+        let Some(h) = sf::root_handle(conn, j.job_id())? else {
             return Ok(());
         };
         if h.direction != sf::SENT {
             return Ok(());
         }
-        let mirrored = sf::tasks_mirrored(conn, &j.job_id)?;
+        let mirrored = sf::tasks_mirrored(conn, j.job_id())?;
         let state = match h.handoff_state {
             sf::QUEUED => fed::HandoffState::Queued,
             sf::PENDING => fed::HandoffState::Pending,
             sf::REJECTED => fed::HandoffState::Rejected,
             _ => fed::HandoffState::HandedOff,
         };
-        j.peer_status = match state {
+        j.peer_status = Some(match state {
             fed::HandoffState::Rejected => job::PeerStatus::Rejected,
             _ if mirrored => job::PeerStatus::Synced,
             fed::HandoffState::Queued | fed::HandoffState::Pending => {
                 job::PeerStatus::PendingScheduling
             }
             fed::HandoffState::HandedOff => job::PeerStatus::Assigned,
-        } as i32;
-        if j.state == iris_types::JobState::Pending.code() {
+        } as i32);
+        if j.state == Some(iris_types::JobState::Pending.code()) {
             // The peer's own word: why it refused the last offer, or its pending reason for a
             // job it accepted.
             let says = match state {
-                fed::HandoffState::Pending => self.fed.refusal_reason(&j.job_id),
+                fed::HandoffState::Pending => self.fed.refusal_reason(j.job_id()),
                 fed::HandoffState::HandedOff if mirrored => {
-                    sf::mirrored_pending_reason(conn, &j.job_id)?
+                    sf::mirrored_pending_reason(conn, j.job_id())?
                 }
                 _ => None,
             };
-            j.pending_reason = fed::pending_reason(
+            j.pending_reason = Some(fed::pending_reason(
                 state,
                 &h.peer_id,
                 self.fed.peer_reachable(&h.peer_id),
                 mirrored,
                 says.as_deref(),
-            );
+            ));
         }
         Ok(())
     }

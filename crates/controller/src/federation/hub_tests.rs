@@ -73,13 +73,13 @@ fn queue_gpu_job(ctl: &Controller, name: &str, submitted_at: i64, deadline_ms: O
     }
     for (k, v) in [("device-type", "gpu"), ("device-variant", "h100")] {
         req.constraints.push(job::Constraint {
-            key: k.into(),
-            op: 0,
+            key: Some(k.into()),
+            op: Some(0),
             value: Some(crate::spec::attr_to_proto(&iris_types::AttrValue::Str(
                 v.into(),
             ))),
             values: Vec::new(),
-            mode: 0,
+            mode: Some(0),
         });
     }
     req.scheduling_timeout =
@@ -312,9 +312,9 @@ fn a_handed_off_job_the_peers_snapshot_lacks_is_delivered_again() {
     let task = crate::views::task(&*ctl.db(), "/alice/lost/0", &Default::default())
         .expect("read")
         .expect("task");
-    assert_eq!(task.state, iris_types::TaskState::Pending.code());
+    assert_eq!(task.state, Some(iris_types::TaskState::Pending.code()));
     assert!(task.attempts.is_empty(), "{:?}", task.attempts);
-    assert!(task.status_message.contains("no longer has this job"));
+    assert!(task.status_message().contains("no longer has this job"));
     let queued: Vec<String> = sf::deliveries(&*ctl.db(), "west", 10)
         .expect("deliveries")
         .into_iter()

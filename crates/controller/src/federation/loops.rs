@@ -302,17 +302,18 @@ impl Controller {
     /// (workdir files already travel inline in the stored request).
     fn handoff_request(&self, me: &str, d: &sf::Delivery) -> Result<c::LaunchJobRequest> {
         let mut req = crate::stored_request(&*self.db(), &d.job_id, &d.request_blob)?;
-        req.name = d.job_id.clone();
-        req.constraints.retain(|k| k.key != fed::CLUSTER_KEY);
-        if !req.bundle_id.is_empty() {
-            let path = self.cfg.state_dir.join("bundles").join(&req.bundle_id);
-            req.bundle_blob = std::fs::read(&path).map_err(|e| {
+        req.name = Some(d.job_id.clone());
+        req.constraints.retain(|k| k.key() != fed::CLUSTER_KEY);
+        if !req.bundle_id().is_empty() {
+            let path = self.cfg.state_dir.join("bundles").join(req.bundle_id());
+            req.bundle_blob = Some(std::fs::read(&path).map_err(|e| {
                 Error::internal(format!(
                     "reading bundle {} for {}: {e}",
-                    req.bundle_id, d.job_id
+                    req.bundle_id(),
+                    d.job_id
                 ))
-            })?;
-            req.bundle_id.clear();
+            })?);
+            req.bundle_id = None;
         }
         req.federation = Some(c::FederationHandoff {
             requester_id: me.to_string(),
@@ -442,47 +443,46 @@ fn mirror_of(d: &c::FederationJobDelta) -> Option<(mirror::MirrorJob, Vec<mirror
     let s = d.summary.as_ref()?;
     let job = mirror::MirrorJob {
         job_id: d.job_id.clone(),
-        state: s.state,
-        error: (!s.error.is_empty()).then(|| s.error.clone()),
-        exit_code: Some(s.exit_code),
+        state: s.state.unwrap_or_default(),
+        error: s.error.clone().filter(|e| !e.is_empty()),
+        exit_code: Some(s.exit_code.unwrap_or_default()),
         started_at_ms: ms(&s.started_at),
         finished_at_ms: ms(&s.finished_at),
-        num_tasks: s.task_count as i64,
+        num_tasks: i64::from(s.task_count.unwrap_or_default()),
     };
     let tasks = d
         .changed_tasks
         .iter()
         .filter_map(|t| {
-            let index = t.task_id.rsplit('/').next()?.parse().ok()?;
+            let index = t.task_id().rsplit('/').next()?.parse().ok()?;
             Some(mirror::MirrorTask {
                 task_index: index,
-                state: t.state,
-                error: (!t.error.is_empty()).then(|| t.error.clone()),
-                exit_code: Some(t.exit_code),
+                state: t.state.unwrap_or_default(),
+                error: t.error.clone().filter(|e| !e.is_empty()),
+                exit_code: Some(t.exit_code.unwrap_or_default()),
                 started_at_ms: ms(&t.started_at),
                 finished_at_ms: ms(&t.finished_at),
-                current_attempt_id: t.current_attempt_id as i64,
-                worker_address: t.worker_address.clone(),
-                status_message: Some(if t.pending_reason.is_empty() {
-                    t.status_message.clone()
+                current_attempt_id: i64::from(t.current_attempt_id.unwrap_or_default()),
+                worker_address: t.worker_address.clone().unwrap_or_default(),
+                status_message: Some(if t.pending_reason().is_empty() {
+                    t.status_message().to_owned()
                 } else {
-                    t.pending_reason.clone()
+                    t.pending_reason().to_owned()
                 })
                 .filter(|s| !s.is_empty()),
                 attempts: t
                     .attempts
                     .iter()
                     .map(|a| mirror::MirrorAttempt {
-                        attempt_id: a.attempt_id as i64,
-                        state: a.state,
+                        attempt_id: i64::from(a.attempt_id.unwrap_or_default()),
+                        state: a.state.unwrap_or_default(),
                         started_at_ms: ms(&a.started_at),
                         finished_at_ms: ms(&a.finished_at),
-                        exit_code: Some(a.exit_code),
-                        error: (!a.error.is_empty()).then(|| a.error.clone()),
-                        attempt_uid: a.attempt_uid.clone(),
-                        worker_id: a.worker_id.clone(),
-                        terminal_reason: (!a.terminal_reason.is_empty())
-                            .then(|| a.terminal_reason.clone()),
+                        exit_code: Some(a.exit_code.unwrap_or_default()),
+                        error: a.error.clone().filter(|e| !e.is_empty()),
+                        attempt_uid: a.attempt_uid.clone().unwrap_or_default(),
+                        worker_id: a.worker_id.clone().unwrap_or_default(),
+                        terminal_reason: a.terminal_reason.clone().filter(|r| !r.is_empty()),
                     })
                     .collect(),
             })

@@ -263,7 +263,7 @@ fn shape_of(req: &c::LaunchJobRequest) -> Shape {
         fed::availability_gate(
             Some(&variant),
             gpu.max(0) as u32,
-            req.replicas.max(1) as u32,
+            req.replicas().max(1) as u32,
         )
     } else {
         BTreeMap::new()

@@ -114,12 +114,14 @@ impl Controller {
             for t in views::tasks_of_job(&*conn, &job_id, &reasons)? {
                 let idx: i64 = t
                     .task_id
+                    .clone()
+                    .unwrap_or_default()
                     .rsplit('/')
                     .next()
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(-1);
                 if indexes.as_ref().map(|v| v.contains(&idx)).unwrap_or(true) {
-                    if let Some(full) = views::task(&*conn, &t.task_id, &reasons)? {
+                    if let Some(full) = views::task(&*conn, t.task_id(), &reasons)? {
                         changed_tasks.push(full);
                     }
                 }
@@ -176,8 +178,11 @@ impl Controller {
         // What this round already sends counts as sent.
         for d in deltas.iter() {
             for t in &d.changed_tasks {
-                if reasons.contains_key(&t.task_id) {
-                    memo.insert(t.task_id.clone(), Some(t.pending_reason.clone()));
+                if reasons.contains_key(t.task_id()) {
+                    memo.insert(
+                        t.task_id.clone().unwrap_or_default(),
+                        Some(t.pending_reason.clone().unwrap_or_default()),
+                    );
                 }
             }
         }
@@ -217,7 +222,8 @@ impl Controller {
                 .find(|d| d.job_id == job_id && !d.tombstone)
             {
                 Some(d) => {
-                    d.changed_tasks.retain(|t| !tasks.contains(&t.task_id));
+                    d.changed_tasks
+                        .retain(|t| !tasks.iter().any(|id| id == t.task_id()));
                     d.changed_tasks.extend(full);
                 }
                 None => {

@@ -15,18 +15,23 @@ use std::collections::BTreeMap;
 
 fn vm_of(w: &c::WorkerHealthStatus) -> vm::VmInfo {
     vm::VmInfo {
-        vm_id: w.worker_id.clone(),
-        slice_id: w.worker_id.clone(),
-        scale_group: w.scale_group.clone(),
-        state: if w.healthy {
+        vm_id: w.worker_id.clone().unwrap_or_default(),
+        slice_id: w.worker_id.clone().unwrap_or_default(),
+        scale_group: w.scale_group.clone().unwrap_or_default(),
+        state: if w.healthy.unwrap_or_default() {
             vm::VmState::Ready
         } else {
             vm::VmState::Unhealthy
         } as i32,
-        address: w.address.clone(),
-        worker_id: w.worker_id.clone(),
-        worker_healthy: w.healthy,
-        usability: if w.healthy { "healthy" } else { "dead" }.into(),
+        address: w.address.clone().unwrap_or_default(),
+        worker_id: w.worker_id.clone().unwrap_or_default(),
+        worker_healthy: w.healthy.unwrap_or_default(),
+        usability: if w.healthy.unwrap_or_default() {
+            "healthy"
+        } else {
+            "dead"
+        }
+        .into(),
         running_task_count: w.running_job_ids.len() as i32,
         state_changed_at: w.last_heartbeat,
         ..Default::default()
@@ -35,16 +40,21 @@ fn vm_of(w: &c::WorkerHealthStatus) -> vm::VmInfo {
 
 fn slice_of(w: &c::WorkerHealthStatus) -> vm::SliceInfo {
     vm::SliceInfo {
-        slice_id: w.worker_id.clone(),
-        scale_group: w.scale_group.clone(),
+        slice_id: w.worker_id.clone().unwrap_or_default(),
+        scale_group: w.scale_group.clone().unwrap_or_default(),
         vms: vec![vm_of(w)],
         last_active: w.last_heartbeat,
         idle: w.running_job_ids.is_empty(),
-        state: if w.healthy { "ready" } else { "failed" }.into(),
-        error_message: if w.healthy {
+        state: if w.healthy.unwrap_or_default() {
+            "ready"
+        } else {
+            "failed"
+        }
+        .into(),
+        error_message: if w.healthy.unwrap_or_default() {
             String::new()
         } else {
-            w.status_message.clone()
+            w.status_message.clone().unwrap_or_default()
         },
         ..Default::default()
     }
@@ -75,8 +85,11 @@ impl Controller {
         drop(conn);
         let mut by_group: BTreeMap<String, Vec<&c::WorkerHealthStatus>> = BTreeMap::new();
         for w in &workers {
-            if !w.scale_group.is_empty() && !crate::backend::is_inproc_address(&w.address) {
-                by_group.entry(w.scale_group.clone()).or_default().push(w);
+            if !w.scale_group().is_empty() && !crate::backend::is_inproc_address(w.address()) {
+                by_group
+                    .entry(w.scale_group.clone().unwrap_or_default())
+                    .or_default()
+                    .push(w);
             }
         }
         let mut groups = Vec::new();
@@ -137,14 +150,14 @@ impl Controller {
             ));
         }
         let workers = views::workers(&*self.db())?;
-        let Some(w) = workers.into_iter().find(|w| w.worker_id == id) else {
+        let Some(w) = workers.into_iter().find(|w| w.worker_id() == id) else {
             return Err(Error::not_found(format!(
                 "worker {id} not found; `iris cluster vm status` lists the workers"
             )));
         };
         Ok(c::GetWorkerStatusResponse {
             vm: Some(vm_of(&w)),
-            scale_group: w.scale_group.clone(),
+            scale_group: w.scale_group.clone().unwrap_or_default(),
             worker: Some(w),
             // Local workers and daemons are started by their cluster or supervisor, not
             // bootstrapped over SSH: there is no bootstrap log.

@@ -29,13 +29,13 @@ pub(crate) const LOG_SERVER: &str = "/system/log-server";
 /// A stored endpoint on the wire.
 pub(crate) fn to_wire(e: Endpoint) -> c::Endpoint {
     c::Endpoint {
-        endpoint_id: e.endpoint_id,
-        name: e.name,
-        address: e.address,
-        task_id: e.task_id,
+        endpoint_id: Some(e.endpoint_id),
+        name: Some(e.name),
+        address: Some(e.address),
+        task_id: Some(e.task_id),
         metadata: e.metadata.into_iter().collect(),
-        access: e.access.code(),
-        peer_id: e.peer_id.unwrap_or_default(),
+        access: Some(e.access.code()),
+        peer_id: Some(e.peer_id.unwrap_or_default()),
     }
 }
 
@@ -165,9 +165,9 @@ impl Controller {
             };
             let endpoints = hit
                 .then(|| c::Endpoint {
-                    endpoint_id: LOG_SERVER.into(),
-                    name: LOG_SERVER.into(),
-                    address: self.url(),
+                    endpoint_id: Some(LOG_SERVER.into()),
+                    name: Some(LOG_SERVER.into()),
+                    address: Some(self.url()),
                     ..Default::default()
                 })
                 .into_iter()

@@ -19,14 +19,9 @@ impl Controller {
         let mut job = views::job(&*conn, &req.job_id, &reasons)?
             .ok_or_else(|| Error::not_found(format!("job {} not found", req.job_id)))?;
         self.decorate_federated(&*conn, &mut job)?;
-        let mut request = self.spec(&*conn, &req.job_id)?.map(|s| s.request.clone());
-        if let Some(r) = request.as_mut() {
-            if let Some(env) = r.environment.as_mut() {
-                for v in env.secrets.values_mut() {
-                    *v = "<redacted>".into();
-                }
-            }
-        }
+        let request = self
+            .spec(&*conn, &req.job_id)?
+            .map(|s| views::wire_request(s.request.clone()));
         Ok(c::GetJobStatusResponse {
             job: Some(job),
             request,

@@ -83,7 +83,7 @@ fn process_info(s: procinfo::Snapshot, python_version: String) -> job::ProcessIn
         memory_total_bytes: s.memory_total_bytes,
         cpu_count: s.cpu_count,
         cpu_millicores: s.cpu_millicores,
-        provenance: None,
+        provenance: Some(iris_proto::build_provenance()),
     }
 }
 

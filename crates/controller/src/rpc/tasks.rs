@@ -21,11 +21,15 @@ impl Controller {
         let job_id = req.task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
         let job_resources = self
             .spec(&*conn, job_id)?
-            .and_then(|s| s.request.resources.clone());
+            .and_then(|s| s.request.resources.clone())
+            .map(|mut r| {
+                r.device.get_or_insert_with(Default::default);
+                r
+            });
         drop(reasons);
         drop(conn);
         let failed = matches!(
-            TaskState::from_code(task.state),
+            TaskState::from_code(task.state.unwrap_or_default()),
             Some(TaskState::Failed | TaskState::WorkerFailed)
         );
         let root_cause_highlights = if failed {

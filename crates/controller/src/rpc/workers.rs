@@ -38,8 +38,8 @@ impl Controller {
         let n = workers.len() as i32;
         Ok(c::ListWorkersResponse {
             workers,
-            total_count: n,
-            has_more: false,
+            total_count: Some(n),
+            has_more: Some(false),
         })
     }
 

@@ -71,17 +71,17 @@ fn resources_text(r: Option<&job::ResourceSpecProto>) -> String {
 
 pub fn job_page(v: &JobView<'_>) -> Page {
     let j = v.job;
-    let st = fmt::job_state(j.state);
-    let terminal = iris_types::JobState::from_code(j.state)
+    let st = fmt::job_state(j.state.unwrap_or_default());
+    let terminal = iris_types::JobState::from_code(j.state.unwrap_or_default())
         .map(|s| s.is_terminal())
         .unwrap_or(false);
     let head = html! {
         nav.crumbs aria-label="Breadcrumb" {
             a href="/jobs" { "Jobs" }
-            @if !j.parent_job_id.is_empty() { " / " a href=(fmt::id_path("job", &j.parent_job_id)) { (j.parent_job_id) } }
+            @if !j.parent_job_id().is_empty() { " / " a href=(fmt::id_path("job", j.parent_job_id())) { (j.parent_job_id()) } }
         }
-        h1 { "Job " span.id { (j.job_id) } }
-        p { a href=(fmt::id_path("logs", &j.job_id)) { "Logs of all tasks" } }
+        h1 { "Job " span.id { (j.job_id()) } }
+        p { a href=(fmt::id_path("logs", j.job_id())) { "Logs of all tasks" } }
     };
     let counts: Vec<(String, i64)> = j
         .task_state_counts
@@ -94,20 +94,23 @@ pub fn job_page(v: &JobView<'_>) -> Page {
         .and_then(|e| e.run_command.as_ref())
         .map(|c| c.argv.join(" "))
         .unwrap_or_default();
-    let band = v.request.map(|r| fmt::band(r.priority_band)).unwrap_or("—");
+    let band = v
+        .request
+        .map(|r| fmt::band(r.priority_band.unwrap_or_default()))
+        .unwrap_or("—");
     let start = (v.task_page.max(1) - 1) * TASKS_PER_PAGE;
     let page_tasks: Vec<&job::TaskStatus> =
         v.tasks.iter().skip(start).take(TASKS_PER_PAGE).collect();
     let rows: Vec<svg::Row> = page_tasks
         .iter()
         .map(|t| svg::Row {
-            label: format!("task {}", task_index(&t.task_id)),
-            spans: v.attempts.get(&t.task_id).cloned().unwrap_or_default(),
+            label: format!("task {}", task_index(t.task_id())),
+            spans: v.attempts.get(t.task_id()).cloned().unwrap_or_default(),
         })
         .filter(|r| !r.spans.is_empty())
         .collect();
     let pages = v.tasks.len().div_ceil(TASKS_PER_PAGE).max(1);
-    let base = fmt::id_path("job", &j.job_id);
+    let base = fmt::id_path("job", j.job_id());
     let live = html! {
         div.cards {
             dl.facts {
@@ -119,15 +122,15 @@ pub fn job_page(v: &JobView<'_>) -> Page {
                 dt { "Finished" } dd { (fmt::ts(ms(&j.finished_at))) }
                 dt { "Duration" } dd { (fmt::span(ms(&j.started_at), ms(&j.finished_at), v.now)) }
                 dt { "Resources per task" } dd { (resources_text(j.resources.as_ref())) }
-                dt { "Failures / preemptions" } dd { (j.failure_count) " / " (j.preemption_count) }
+                dt { "Failures / preemptions" } dd { (j.failure_count()) " / " (j.preemption_count()) }
                 @if !argv.is_empty() { dt { "Command" } dd { code { (argv) } } }
-                @if !j.pending_reason.is_empty() {
-                    dt { (if terminal { "Error" } else { "Pending reason" }) } dd.reason { (j.pending_reason) }
+                @if !j.pending_reason().is_empty() {
+                    dt { (if terminal { "Error" } else { "Pending reason" }) } dd.reason { (j.pending_reason()) }
                 }
             }
         }
         section aria-labelledby="tasks-h" {
-            h2 #tasks-h { "Tasks (" (j.task_count) ")" }
+            h2 #tasks-h { "Tasks (" (j.task_count()) ")" }
             div.summary { (svg::state_bar(&counts, 480)) (legend(&counts)) }
             @if !rows.is_empty() {
                 figure {
@@ -137,7 +140,7 @@ pub fn job_page(v: &JobView<'_>) -> Page {
             }
             div.tablewrap {
                 table {
-                    caption.sr-only { "Tasks of " (j.job_id) }
+                    caption.sr-only { "Tasks of " (j.job_id()) }
                     thead { tr {
                         th scope="col" { "Task" } th scope="col" { "State" } th scope="col" .num { "Exit" }
                         th scope="col" .num { "Duration" } th scope="col" .num { "Attempts" } th scope="col" { "Worker" }
@@ -145,18 +148,18 @@ pub fn job_page(v: &JobView<'_>) -> Page {
                     } }
                     tbody {
                         @for t in &page_tasks {
-                            @let tst = fmt::task_state(t.state);
-                            @let n = v.attempts.get(&t.task_id).map(|a| a.len()).unwrap_or(t.attempts.len());
-                            @let ended = iris_types::TaskState::from_code(t.state).map(|s| s.is_terminal()).unwrap_or(false);
+                            @let tst = fmt::task_state(t.state.unwrap_or_default());
+                            @let n = v.attempts.get(t.task_id()).map(|a| a.len()).unwrap_or(t.attempts.len());
+                            @let ended = iris_types::TaskState::from_code(t.state.unwrap_or_default()).map(|s| s.is_terminal()).unwrap_or(false);
                             tr {
-                                td { a href=(fmt::id_path("task", &t.task_id)) { "task " (task_index(&t.task_id)) } }
+                                td { a href=(fmt::id_path("task", t.task_id())) { "task " (task_index(t.task_id())) } }
                                 td { (badge(tst)) }
-                                td.num { @if ended { (t.exit_code) } @else { "—" } }
+                                td.num { @if ended { (t.exit_code()) } @else { "—" } }
                                 td.num { (fmt::span(ms(&t.started_at), ms(&t.finished_at), v.now)) }
                                 td.num { (n) }
-                                td { (t.worker_id) }
-                                td.reason { (if !t.error.is_empty() { &t.error } else { &t.pending_reason }) }
-                                td { a href=(fmt::id_path("logs", &t.task_id)) aria-label=(format!("Logs of task {}", task_index(&t.task_id))) { "logs" } }
+                                td { (t.worker_id()) }
+                                td.reason { (if !t.error().is_empty() { t.error() } else { t.pending_reason() }) }
+                                td { a href=(fmt::id_path("logs", t.task_id())) aria-label=(format!("Logs of task {}", task_index(t.task_id()))) { "logs" } }
                             }
                         }
                     }
@@ -175,20 +178,20 @@ pub fn job_page(v: &JobView<'_>) -> Page {
             section aria-labelledby="endpoints-h" {
                 h2 #endpoints-h { "Endpoints (" (v.endpoints.len()) ")" }
                 div.tablewrap { table {
-                    caption.sr-only { "Services the tasks of " (j.job_id) " registered" }
+                    caption.sr-only { "Services the tasks of " (j.job_id()) " registered" }
                     thead { tr {
                         th scope="col" { "Name" } th scope="col" { "Task" } th scope="col" { "Address" }
                         th scope="col" { "Access" } th scope="col" { "Through the controller" }
                     } }
                     tbody {
                         @for e in v.endpoints {
-                            @let proxy = format!("{}/proxy/{}/", v.controller_url, iris_types::endpoint::encode_proxy_name(&e.name));
+                            @let proxy = format!("{}/proxy/{}/", v.controller_url, iris_types::endpoint::encode_proxy_name(e.name()));
                             tr {
-                                td.id { (e.name) }
-                                td { a href=(fmt::id_path("task", &e.task_id)) { "task " (task_index(&e.task_id)) } }
-                                td { code { (e.address) } }
-                                td { (iris_types::endpoint::Access::from_code(e.access).map(|a| a.name()).unwrap_or("unknown")) }
-                                td { @if e.peer_id.is_empty() { a href=(proxy) { "open" } } @else { "on peer " (e.peer_id) } }
+                                td.id { (e.name()) }
+                                td { a href=(fmt::id_path("task", e.task_id())) { "task " (task_index(e.task_id())) } }
+                                td { code { (e.address()) } }
+                                td { (iris_types::endpoint::Access::from_code(e.access.unwrap_or_default()).map(|a| a.name()).unwrap_or("unknown")) }
+                                td { @if e.peer_id().is_empty() { a href=(proxy) { "open" } } @else { "on peer " (e.peer_id()) } }
                             }
                         }
                     }
@@ -198,15 +201,15 @@ pub fn job_page(v: &JobView<'_>) -> Page {
         @if let Some(ch) = v.children {
             @if !ch.jobs.is_empty() {
                 section aria-labelledby="children-h" {
-                    h2 #children-h { "Child jobs (" (ch.total_count) ")" }
+                    h2 #children-h { "Child jobs (" (ch.total_count()) ")" }
                     div.tablewrap { table {
                         thead { tr { th scope="col" { "Job" } th scope="col" { "State" } th scope="col" .num { "Tasks" } th scope="col" .num { "Duration" } } }
                         tbody {
                             @for c in &ch.jobs {
                                 tr {
-                                    td.id { a href=(fmt::id_path("job", &c.job_id)) { (c.job_id) } }
-                                    td { (badge(fmt::job_state(c.state))) }
-                                    td.num { (c.completed_count) "/" (c.task_count) }
+                                    td.id { a href=(fmt::id_path("job", c.job_id())) { (c.job_id()) } }
+                                    td { (badge(fmt::job_state(c.state.unwrap_or_default()))) }
+                                    td.num { (c.completed_count()) "/" (c.task_count()) }
                                     td.num { (fmt::span(ms(&c.started_at), ms(&c.finished_at), v.now)) }
                                 }
                             }
@@ -217,7 +220,7 @@ pub fn job_page(v: &JobView<'_>) -> Page {
         }
     };
     Page {
-        title: format!("Job {}", j.job_id),
+        title: format!("Job {}", j.job_id()),
         nav: Nav::Jobs,
         head,
         live,

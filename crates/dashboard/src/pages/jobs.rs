@@ -86,11 +86,11 @@ impl JobsFilter {
 /// The job's owner (its id's namespace, which the User filter matches) and, when someone else
 /// submitted it, who did.
 pub(super) fn user_cell(j: &job::JobStatus) -> Markup {
-    let owner = j.job_id.split('/').nth(1).unwrap_or("");
+    let owner = j.job_id().split('/').nth(1).unwrap_or("");
     html! {
         (owner)
-        @if !j.submitting_user.is_empty() && j.submitting_user != owner {
-            br; span.muted { "by " (j.submitting_user) }
+        @if !j.submitting_user().is_empty() && j.submitting_user() != owner {
+            br; span.muted { "by " (j.submitting_user()) }
         }
     }
 }
@@ -164,8 +164,10 @@ pub fn jobs_page(
             let page = f.page();
             let first = (page as i64 - 1) * JOBS_PER_PAGE as i64;
             let shown = r.jobs.len() as i64;
-            let last_page =
-                ((r.total_count as i64 + JOBS_PER_PAGE as i64 - 1) / JOBS_PER_PAGE as i64).max(1);
+            let last_page = ((i64::from(r.total_count.unwrap_or_default()) + JOBS_PER_PAGE as i64
+                - 1)
+                / JOBS_PER_PAGE as i64)
+                .max(1);
             // ListJobs refuses offsets past 5000.
             let max_page = 5000 / JOBS_PER_PAGE as i64 + 1;
             html! {
@@ -181,7 +183,7 @@ pub fn jobs_page(
                     table.jobs {
                         caption {
                             "Jobs, newest first: "
-                            @if shown == 0 { "none match" } @else { (first + 1) "–" (first + shown) " of " (r.total_count) }
+                            @if shown == 0 { "none match" } @else { (first + 1) "–" (first + shown) " of " (r.total_count()) }
                         }
                         thead { tr {
                             th scope="col" { "Job" }
@@ -194,17 +196,17 @@ pub fn jobs_page(
                         } }
                         tbody {
                             @for j in &r.jobs {
-                                @let st = fmt::job_state(j.state);
+                                @let st = fmt::job_state(j.state.unwrap_or_default());
                                 @let counts: Vec<(String, i64)> = j.task_state_counts.iter().map(|(k, v)| (k.clone(), *v as i64)).collect();
                                 @let done = j.task_state_counts.get("succeeded").copied().unwrap_or(0);
                                 tr {
-                                    td.id { a href=(fmt::id_path("job", &j.job_id)) { (j.job_id) } }
+                                    td.id { a href=(fmt::id_path("job", j.job_id())) { (j.job_id()) } }
                                     td { (badge(st)) }
-                                    td.tasks { (svg::state_bar(&counts, 64)) " " span.num { (done) "/" (j.task_count) } }
+                                    td.tasks { (svg::state_bar(&counts, 64)) " " span.num { (done) "/" (j.task_count()) } }
                                     td { (user_cell(j)) }
                                     td { (time_cell(now, ms(&j.submitted_at))) }
                                     td.num { (fmt::span(ms(&j.started_at), ms(&j.finished_at), now)) }
-                                    td.reason { (j.pending_reason) }
+                                    td.reason { (j.pending_reason()) }
                                 }
                             }
                         }
@@ -213,8 +215,8 @@ pub fn jobs_page(
                 nav.pager aria-label="Pages" {
                     @if page > 1 { a href=(f.link(page - 1)) rel="prev" { "← Newer" } } @else { span.muted { "← Newer" } }
                     span { "Page " (page) " of " (last_page) }
-                    @if r.has_more && (page as i64) < max_page { a href=(f.link(page + 1)) rel="next" { "Older →" } } @else { span.muted { "Older →" } }
-                    @if r.has_more && (page as i64) >= max_page { span.muted { " (older jobs: narrow the filter)" } }
+                    @if r.has_more.unwrap_or_default() && (page as i64) < max_page { a href=(f.link(page + 1)) rel="next" { "Older →" } } @else { span.muted { "Older →" } }
+                    @if r.has_more.unwrap_or_default() && (page as i64) >= max_page { span.muted { " (older jobs: narrow the filter)" } }
                 }
             }
         }

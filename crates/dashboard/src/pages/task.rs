@@ -53,33 +53,27 @@ fn explanation(r: &pb::ExplainTaskResponse) -> maud::Markup {
 
 pub fn task_page(v: &TaskView<'_>) -> Page {
     let t = v.resp.task.clone().unwrap_or_default();
-    let st = fmt::task_state(t.state);
-    let terminal = iris_types::TaskState::from_code(t.state)
+    let st = fmt::task_state(t.state.unwrap_or_default());
+    let terminal = iris_types::TaskState::from_code(t.state.unwrap_or_default())
         .map(|s| s.is_terminal())
         .unwrap_or(false);
-    let job_id = t.task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
+    let job_id = t.task_id().rsplit_once('/').map(|x| x.0).unwrap_or("");
     let head = html! {
         nav.crumbs aria-label="Breadcrumb" {
             a href="/jobs" { "Jobs" } " / " a href=(fmt::id_path("job", job_id)) { (job_id) }
         }
-        h1 { "Task " span.id { (t.task_id) } }
-        p { a href=(fmt::id_path("logs", &t.task_id)) { "Full logs (tail, follow, filter)" } }
-    };
-    let uid_of = |id: i32| {
-        t.attempts
-            .iter()
-            .find(|a| a.attempt_id == id)
-            .map(|a| a.attempt_uid.clone())
+        h1 { "Task " span.id { (t.task_id()) } }
+        p { a href=(fmt::id_path("logs", t.task_id())) { "Full logs (tail, follow, filter)" } }
     };
     let live = html! {
         dl.facts {
             dt { "State" } dd #task-state { (badge(st)) }
-            dt { "Worker" } dd { (if t.worker_id.is_empty() { "—" } else { &t.worker_id }) }
-            dt { "Current attempt" } dd { (t.current_attempt_id) }
-            @if terminal { dt { "Exit code" } dd { (t.exit_code) } }
+            dt { "Worker" } dd { (if t.worker_id().is_empty() { "—" } else { t.worker_id() }) }
+            dt { "Current attempt" } dd { (t.current_attempt_id()) }
+            @if terminal { dt { "Exit code" } dd { (t.exit_code()) } }
             dt { "Duration" } dd { (fmt::span(ms(&t.started_at), ms(&t.finished_at), v.now)) }
-            @if !t.error.is_empty() { dt { "Error" } dd.reason { (t.error) } }
-            @if !t.pending_reason.is_empty() { dt { "Pending reason" } dd.reason { (t.pending_reason) } }
+            @if !t.error().is_empty() { dt { "Error" } dd.reason { (t.error()) } }
+            @if !t.pending_reason().is_empty() { dt { "Pending reason" } dd.reason { (t.pending_reason()) } }
         }
         @if let Some(x) = &v.explain {
             section aria-labelledby="explain-h" {
@@ -111,17 +105,17 @@ pub fn task_page(v: &TaskView<'_>) -> Page {
                 } }
                 tbody {
                     @for a in &t.attempts {
-                        @let ast = fmt::task_state(a.state);
+                        @let ast = fmt::task_state(a.state.unwrap_or_default());
                         @let ended = ms(&a.finished_at).is_some();
                         tr {
-                            td.num { (a.attempt_id) }
-                            td { code { (uid_of(a.attempt_id).unwrap_or_default()) } }
-                            td { (a.worker_id) }
+                            td.num { (a.attempt_id()) }
+                            td { code { (a.attempt_uid()) } }
+                            td { (a.worker_id()) }
                             td { (badge(ast)) }
-                            td.num { @if ended { (a.exit_code) } @else { "—" } }
+                            td.num { @if ended { (a.exit_code()) } @else { "—" } }
                             td { (fmt::ts(ms(&a.started_at))) }
                             td.num { (fmt::span(ms(&a.started_at), ms(&a.finished_at), v.now)) }
-                            td.reason { (a.error) }
+                            td.reason { (a.error()) }
                         }
                     }
                 }
@@ -158,11 +152,11 @@ pub fn task_page(v: &TaskView<'_>) -> Page {
             h2 #log-h { "Last log lines" }
             @if v.log_tail.is_empty() { p.muted { "No log lines yet." } }
             @else { (log_list(v.log_tail, false)) }
-            p { a href=(fmt::id_path("logs", &t.task_id)) { "All logs →" } }
+            p { a href=(fmt::id_path("logs", t.task_id())) { "All logs →" } }
         }
     };
     Page {
-        title: format!("Task {}", t.task_id),
+        title: format!("Task {}", t.task_id()),
         nav: Nav::Jobs,
         head,
         live,

@@ -16,7 +16,11 @@ pub fn workers_page(
     let live = match resp {
         Err(e) => error_box("Cannot list workers:", e),
         Ok(r) => {
-            let healthy = r.workers.iter().filter(|w| w.healthy).count();
+            let healthy = r
+                .workers
+                .iter()
+                .filter(|w| w.healthy.unwrap_or_default())
+                .count();
             html! {
                 p { (r.workers.len()) " worker(s), " (healthy) " healthy." }
                 div.tablewrap { table {
@@ -30,20 +34,20 @@ pub fn workers_page(
                         @for w in &r.workers {
                             @let md = w.metadata.clone().unwrap_or_default();
                             @let (kind, variant, units) = crate::model::advertised(w);
-                            @let cm = committed.get(&w.worker_id).cloned().unwrap_or_default();
-                            @let cpu_total = md.cpu_count as i64 * 1000;
+                            @let cm = committed.get(w.worker_id()).cloned().unwrap_or_default();
+                            @let cpu_total = md.cpu_count() as i64 * 1000;
                             tr {
-                                td { span.id { (w.worker_id) } br; span.muted { (w.address) } }
-                                td { @if w.healthy { span.ok { "✓ healthy" } } @else { span.bad { "✗ unhealthy" } } }
+                                td { span.id { (w.worker_id()) } br; span.muted { (w.address()) } }
+                                td { @if w.healthy.unwrap_or_default() { span.ok { "✓ healthy" } } @else { span.bad { "✗ unhealthy" } } }
                                 td { (time_cell(now, ms(&w.last_heartbeat))) }
                                 td { @if kind == "cpu" { (units) " cores" } @else { (units) "× " (variant.to_uppercase()) " " (kind.to_uppercase()) br; span.muted { (cm.units) " held" } } }
                                 td.meter-cell {
-                                    (svg::meter(cm.cpu_millicores, cpu_total, &format!("{} of {} cores committed", fmt::cores(cm.cpu_millicores), md.cpu_count)))
-                                    " " span.num { (fmt::cores(cm.cpu_millicores)) "/" (md.cpu_count) }
+                                    (svg::meter(cm.cpu_millicores, cpu_total, &format!("{} of {} cores committed", fmt::cores(cm.cpu_millicores), md.cpu_count())))
+                                    " " span.num { (fmt::cores(cm.cpu_millicores)) "/" (md.cpu_count()) }
                                 }
                                 td.meter-cell {
-                                    (svg::meter(cm.memory_bytes, md.memory_bytes, &format!("{} of {} memory committed", fmt::bytes(cm.memory_bytes), fmt::bytes(md.memory_bytes))))
-                                    " " span.num { (fmt::bytes(cm.memory_bytes)) " / " (fmt::bytes(md.memory_bytes)) }
+                                    (svg::meter(cm.memory_bytes, md.memory_bytes.unwrap_or_default(), &format!("{} of {} memory committed", fmt::bytes(cm.memory_bytes), fmt::bytes(md.memory_bytes.unwrap_or_default()))))
+                                    " " span.num { (fmt::bytes(cm.memory_bytes)) " / " (fmt::bytes(md.memory_bytes.unwrap_or_default())) }
                                 }
                                 td {
                                     @if w.running_job_ids.is_empty() { span.muted { "idle" } }
