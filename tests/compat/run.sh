@@ -111,4 +111,10 @@ if [[ $# -eq 0 ]] || [[ "$*" == *federation* ]]; then
     "$VENV/bin/python" "$ROOT/tests/compat/federation_test.py" --ours "$BIN" --published "$VENV/bin/iris" ||
         STATUS=$?
 fi
+# Wire shape: the JSON of every RPC both serve against the published controller's for the same
+# state (its own controllers too).
+if [[ $# -eq 0 ]] || [[ "$*" == *wire* ]]; then
+    "$VENV/bin/python" "$ROOT/tests/compat/wire_shape_test.py" --ours "$BIN" --published "$VENV/bin/iris" ||
+        STATUS=$?
+fi
 exit "$STATUS"

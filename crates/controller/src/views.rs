@@ -67,10 +67,13 @@ fn job_status(
     } else {
         None
     };
-    // Shown only when someone else submitted the job (a federated handoff's principal): the
-    // owner is already the first component of the job id.
+    // The published controller never sends it; we do when someone other than the owner (the
+    // first component of the job id) submitted the job, e.g. a federated handoff's principal,
+    // and that someone is not the local admin of an unauthenticated cluster.
     let owner = j.job_id.split('/').nth(1).unwrap_or_default();
-    let submitting_user = (!j.submitting_user.is_empty() && j.submitting_user != owner)
+    let submitting_user = (!j.submitting_user.is_empty()
+        && j.submitting_user != owner
+        && j.submitting_user != iris_federation::LOCAL_ADMIN)
         .then(|| j.submitting_user.clone());
     let counts: BTreeMap<String, i32> = j
         .task_counts
@@ -145,7 +148,7 @@ pub(crate) fn list_jobs(
     })
 }
 
-fn attempt(a: &AttemptRow) -> job::TaskAttempt {
+pub(crate) fn attempt(a: &AttemptRow) -> job::TaskAttempt {
     job::TaskAttempt {
         attempt_id: Some(a.attempt_id as i32),
         worker_id: Some(a.worker_id.clone().unwrap_or_default()),

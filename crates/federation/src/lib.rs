@@ -58,7 +58,7 @@ pub use iris_types::Band;
 pub use ledger::ReservationLedger;
 pub use probe::{heartbeat_wait, probe_timeout, PROBE_INTERVAL, PROBE_TIMEOUT};
 pub use routing::{backend_satisfies, backend_satisfies_all, cluster_pin, routing_constraints};
-pub use submitters::submitter_admitted;
+pub use submitters::{submitter_admitted, LOCAL_ADMIN};
 
 /// The reserved constraint key that pins a job to a peer (`--target-cluster`).
 pub const CLUSTER_KEY: &str = "cluster";

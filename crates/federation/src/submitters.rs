@@ -1,7 +1,7 @@
 //! The peer-side `auth.allowed_submitters` check (§2.2).
 
 /// The identity a loopback or CIDR-trusted caller gets; it never federates implicitly.
-const LOCAL_ADMIN: &str = "local_admin";
+pub const LOCAL_ADMIN: &str = "local_admin";
 
 /// Whether `user` may submit through a federation handoff under `patterns`.
 ///

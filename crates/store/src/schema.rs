@@ -308,4 +308,12 @@ CREATE INDEX idx_endpoints_job ON endpoints(job_id);
 CREATE INDEX idx_endpoints_peer ON endpoints(peer_id);
 "#,
     ),
+    (
+        "0007_attempts_by_worker",
+        r#"
+-- A worker's task history (`GetWorkerStatus.recent_attempts`): its newest attempts first.
+CREATE INDEX idx_attempts_worker_recent
+    ON task_attempts(worker_id, COALESCE(started_at_ms, created_at_ms));
+"#,
+    ),
 ];

@@ -214,6 +214,38 @@ fn attempts_raw(c: &rusqlite::Connection, task_id: &str) -> Result<Vec<AttemptRo
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
+/// The attempts that ran (or run) on a worker, newest first (by start, else creation), at most
+/// `limit`, each with its task id: a worker's task history.
+pub fn worker_attempts(
+    c: &impl Read,
+    worker_id: &str,
+    limit: u32,
+) -> Result<Vec<(String, AttemptRow)>> {
+    // `idx_attempts_worker_recent` (migration 0007) serves this order: no sort of a long-lived
+    // worker's whole history.
+    let mut st = c.raw().prepare_cached(
+        "SELECT task_id, attempt_id, worker_id, state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid
+         FROM task_attempts WHERE worker_id = ?1
+         ORDER BY COALESCE(started_at_ms, created_at_ms) DESC LIMIT ?2",
+    )?;
+    let rows = st.query_map(rusqlite::params![worker_id, limit], |r| {
+        Ok((
+            r.get(0)?,
+            AttemptRow {
+                attempt_id: r.get(1)?,
+                worker_id: r.get(2)?,
+                state: TaskState::from_code(r.get(3)?).unwrap_or(TaskState::Unspecified),
+                exit_code: r.get(4)?,
+                error: r.get(5)?,
+                started_at_ms: r.get(6)?,
+                finished_at_ms: r.get(7)?,
+                attempt_uid: r.get(8)?,
+            },
+        ))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
 /// A task row with its attempts.
 #[derive(Clone, Debug, Default)]
 pub struct TaskRow {

@@ -13,6 +13,9 @@ use iris_proto::cluster::controller as c;
 use iris_proto::vm;
 use std::collections::BTreeMap;
 
+/// How many of a worker's newest attempts `GetWorkerStatus` lists (the reference's 50).
+const RECENT_ATTEMPTS: u32 = 50;
+
 fn vm_of(w: &c::WorkerHealthStatus) -> vm::VmInfo {
     vm::VmInfo {
         vm_id: w.worker_id.clone().unwrap_or_default(),
@@ -149,12 +152,37 @@ impl Controller {
                 "id: name a worker (or VM) id; `iris cluster vm status` lists them",
             ));
         }
-        let workers = views::workers(&*self.db())?;
+        let conn = self.db();
+        let workers = views::workers(&*conn)?;
         let Some(w) = workers.into_iter().find(|w| w.worker_id() == id) else {
             return Err(Error::not_found(format!(
                 "worker {id} not found; `iris cluster vm status` lists the workers"
             )));
         };
+        let mut resources: BTreeMap<String, Option<iris_proto::job::ResourceSpecProto>> =
+            BTreeMap::new();
+        let mut recent_attempts = Vec::new();
+        for (task_id, a) in iris_store::views::worker_attempts(&*conn, id, RECENT_ATTEMPTS)? {
+            let job_id = task_id
+                .rsplit_once('/')
+                .map(|x| x.0)
+                .unwrap_or("")
+                .to_string();
+            let res = match resources.get(&job_id) {
+                Some(r) => r.clone(),
+                None => {
+                    let r = self.job_resources(&*conn, &job_id)?;
+                    resources.insert(job_id, r.clone());
+                    r
+                }
+            };
+            recent_attempts.push(c::WorkerTaskAttempt {
+                task_id,
+                attempt: Some(views::attempt(&a)),
+                resources: res,
+            });
+        }
+        drop(conn);
         Ok(c::GetWorkerStatusResponse {
             vm: Some(vm_of(&w)),
             scale_group: w.scale_group.clone().unwrap_or_default(),
@@ -162,7 +190,7 @@ impl Controller {
             // Local workers and daemons are started by their cluster or supervisor, not
             // bootstrapped over SSH: there is no bootstrap log.
             bootstrap_logs: String::new(),
-            recent_attempts: Vec::new(),
+            recent_attempts,
         })
     }
 }

@@ -19,13 +19,7 @@ impl Controller {
         let task = views::task(&*conn, &req.task_id, &reasons)?
             .ok_or_else(|| Error::not_found(format!("task {} not found", req.task_id)))?;
         let job_id = req.task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
-        let job_resources = self
-            .spec(&*conn, job_id)?
-            .and_then(|s| s.request.resources.clone())
-            .map(|mut r| {
-                r.device.get_or_insert_with(Default::default);
-                r
-            });
+        let job_resources = self.job_resources(&*conn, job_id)?;
         drop(reasons);
         drop(conn);
         let failed = matches!(
@@ -42,6 +36,22 @@ impl Controller {
             job_resources,
             root_cause_highlights,
         })
+    }
+
+    /// A job's requested resources as the published controller sends them beside a task:
+    /// `device` always present (empty for a CPU job).
+    pub(crate) fn job_resources(
+        &self,
+        conn: &impl iris_store::Read,
+        job_id: &str,
+    ) -> Result<Option<iris_proto::job::ResourceSpecProto>> {
+        Ok(self
+            .spec(conn, job_id)?
+            .and_then(|s| s.request.resources.clone())
+            .map(|mut r| {
+                r.device.get_or_insert_with(Default::default);
+                r
+            }))
     }
 
     /// The lines of a failed task's recent logs most likely to name the failure; empty if the

@@ -90,10 +90,11 @@ impl Controller {
         _req: job::GetCurrentUserRequest,
     ) -> Result<job::GetCurrentUserResponse> {
         let c = crate::auth::caller();
+        // The reference leaves display_name unset: a name is only what a user chose.
         Ok(job::GetCurrentUserResponse {
-            display_name: c.user_id.clone(),
             user_id: c.user_id,
             role: c.role.name().into(),
+            ..Default::default()
         })
     }
 }

@@ -2,6 +2,7 @@
 //! `workers::upsert`, events through the appliers, state read back through `views` and `jobs`.
 
 use super::*;
+use crate::sealed::Raw;
 use crate::{jobs, views, workers, Db, Tx};
 use iris_types::{JobEvent, JobState, TaskEvent, TaskState};
 
@@ -892,4 +893,71 @@ fn illegal_events_are_dropped_and_counted() {
     let t = task(&tx, "/alice/ill/0");
     assert_eq!(t.state, TaskState::Running.code());
     assert_eq!(t.error, None);
+}
+
+#[test]
+fn a_workers_attempts_come_newest_first_each_with_its_task_and_the_index_serves_the_order() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    worker(&tx, "w2");
+    let mut j = job("/alice/hist", 1);
+    j.cfg.max_retries_failure = 1;
+    j.cfg.max_task_failures = 5;
+    insert(&tx, &j);
+    insert(&tx, &job("/alice/later", 1));
+
+    assert!(assign(&tx, "/alice/hist/0", "w1", "h0", T0 + 1));
+    assert!(report(
+        &tx,
+        "w1",
+        "h0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    assert!(report(
+        &tx,
+        "w1",
+        "h0",
+        TaskState::Failed,
+        Some(1),
+        "x",
+        T0 + 3
+    ));
+    assert!(assign(&tx, "/alice/hist/0", "w2", "h1", T0 + 4));
+    // Assigned, not started: ordered by when it was created.
+    assert!(assign(&tx, "/alice/later/0", "w1", "l0", T0 + 10));
+
+    let on_w1 = views::worker_attempts(&tx, "w1", 50).expect("w1 attempts");
+    let got: Vec<(&str, &str)> = on_w1
+        .iter()
+        .map(|(t, a)| (t.as_str(), a.attempt_uid.as_str()))
+        .collect();
+    assert_eq!(got, [("/alice/later/0", "l0"), ("/alice/hist/0", "h0")]);
+    assert_eq!(on_w1[1].1.state, TaskState::Failed);
+    assert_eq!(on_w1[1].1.started_at_ms, Some(T0 + 2));
+    let on_w2 = views::worker_attempts(&tx, "w2", 50).expect("w2 attempts");
+    assert_eq!(on_w2.len(), 1);
+    assert_eq!(on_w2[0].1.attempt_id, 1, "the retry is its own entry");
+    assert_eq!(
+        views::worker_attempts(&tx, "w1", 1).expect("limit").len(),
+        1
+    );
+
+    let plan: Vec<String> = tx
+        .raw()
+        .prepare(
+            "EXPLAIN QUERY PLAN SELECT task_id FROM task_attempts WHERE worker_id = 'w1'
+             ORDER BY COALESCE(started_at_ms, created_at_ms) DESC LIMIT 50",
+        )
+        .expect("plan")
+        .query_map([], |r| r.get::<_, String>(3))
+        .expect("plan rows")
+        .collect::<rusqlite::Result<_>>()
+        .expect("plan detail");
+    let plan = plan.join("; ");
+    assert!(plan.contains("idx_attempts_worker_recent"), "{plan}");
+    assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
 }
