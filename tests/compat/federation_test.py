@@ -8,7 +8,8 @@ configs, then runs the same scenarios: the hub lists the peer as reachable, in t
 backend shape; a CPU job runs on the hub; an unpinned GPU job is routed to the peer; a pinned job
 runs on the peer and its end is mirrored to the hub; a cancel on the hub ends it on the peer; a
 submitter the peer does not admit is refused with the peer's reason; a pin to an unknown peer is
-refused at submit; a peer killed with kill -9 is seen unreachable, then back, and takes jobs
+refused at submit; a child job pinned to the peer is refused, naming the peer and the remedy; a
+peer killed with kill -9 is seen unreachable, then back, and takes jobs
 again. Where a published controller cannot take part in one, the pairing leaves it out and says
 why at that line. Prints one line per scenario and `N passed, M failed`; exits 1 on any failure.
 
@@ -364,6 +365,35 @@ def pairing(f, hub_kind, peer_kind):
         if "nowhere" not in r.stdout + r.stderr:
             fail(f"the refusal does not name the pin: {r.stderr[-500:]}")
 
+    def a_child_job_pinned_to_the_peer_is_refused_naming_it():
+        # Only whole root jobs federate: a child submitted under a live parent on the hub, pinned
+        # to the peer, is refused at submit with the peer's name and the remedy (a root job).
+        parent = submit(alice, "fed-parent", "sleep", "600", flags=[])
+        wait_until("the parent to be known to the hub", lambda: hub.state(parent, alice) is not None, timeout=60)
+        body = {
+            "name": f"{parent}/pinned-child",
+            "entrypoint": {"runCommand": {"argv": ["true"]}},
+            "resources": {"cpuMillicores": 1000, "memoryBytes": "1073741824"},
+            "replicas": 1,
+            "constraints": [{"key": "cluster", "op": "CONSTRAINT_OP_EQ", "value": {"stringValue": peer.name}}],
+        }
+        r = httpx.post(
+            f"{hub.url}/iris.cluster.ControllerService/LaunchJob",
+            content=json.dumps(body),
+            headers={"content-type": "application/json", "authorization": f"Bearer {alice}"},
+            timeout=30,
+        )
+        try:
+            if r.status_code == 200:
+                fail(f"the hub accepted a child pinned to {peer.name}: {r.text[:300]}")
+            msg = r.json().get("message", "")
+            if peer.name not in msg or "root job" not in msg or "--target-cluster" not in msg:
+                fail(f"the refusal does not name the peer and the remedy: HTTP {r.status_code} {r.text[:400]}")
+            if peer.state(f"{parent}/pinned-child") is not None:
+                fail("the refused child reached the peer")
+        finally:
+            f.cli(hub, alice, "job", "cancel", parent, check=False)
+
     def a_cpu_job_runs_on_the_hub():
         job = submit(alice, "fed-local", "true", flags=[])
         wait_until("the job to succeed on the hub", lambda: hub.state(job, alice) == "succeeded", timeout=180)
@@ -405,6 +435,7 @@ def pairing(f, hub_kind, peer_kind):
         scenario("a cancel on the hub ends the job on the peer", cancel_on_the_hub_ends_it_on_the_peer)
         scenario("a submitter the peer does not admit is refused with the reason", a_submitter_the_peer_refuses_is_told_why)
         scenario("a pin to an unknown peer is refused at submit", a_pin_to_an_unknown_peer_is_refused)
+        scenario("a child job pinned to the peer is refused, naming it", a_child_job_pinned_to_the_peer_is_refused_naming_it)
         if peer_kind == "ours":
             # A published local peer comes back on a new port, which no hub config can follow.
             scenario("a killed peer is seen unreachable, then back, and takes jobs again",

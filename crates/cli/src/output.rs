@@ -265,7 +265,7 @@ pub fn print_workers(ws: &[iris_proto::cluster::controller::WorkerHealthStatus])
         .collect();
     table(
         &[
-            "WORKER", "HEALTH", "ADDRESS", "CPU", "MEMORY", "DEVICE", "JOBS",
+            "WORKER", "HEALTH", "ADDRESS", "CPU", "MEMORY", "DEVICE", "TASKS",
         ],
         &rows,
     );

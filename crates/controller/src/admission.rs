@@ -113,7 +113,7 @@ impl Controller {
                     self.authorize_submission(name, req.priority_band.unwrap_or_default())?;
                 self.authorize_container_profile(&name, req.container_profile.unwrap_or_default())?;
                 let who = if caller.anonymous {
-                    "local_admin".to_string()
+                    iris_federation::LOCAL_ADMIN.to_string()
                 } else {
                     caller.user_id.clone()
                 };

@@ -304,7 +304,7 @@ pub(crate) fn workers(conn: &impl Read) -> Result<Vec<c::WorkerHealthStatus>> {
                 .map(wire_metadata),
             scale_group: Some(w.scale_group),
             backend_id: Some("default".into()),
-            running_job_ids: w.running_job_ids,
+            running_job_ids: w.running_task_ids,
             // We count no failed pings: a worker is dead once its heartbeats lapse.
             consecutive_failures: Some(0),
             status_message: Some(String::new()),

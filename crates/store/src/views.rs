@@ -195,23 +195,27 @@ pub fn attempts(c: &impl Read, task_id: &str) -> Result<Vec<AttemptRow>> {
 }
 
 fn attempts_raw(c: &rusqlite::Connection, task_id: &str) -> Result<Vec<AttemptRow>> {
-    let mut st = c.prepare_cached(
-        "SELECT attempt_id, COALESCE(worker_id, node_name), state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid
-         FROM task_attempts WHERE task_id = ?1 ORDER BY attempt_id",
-    )?;
-    let rows = st.query_map([task_id], |r| {
-        Ok(AttemptRow {
-            attempt_id: r.get(0)?,
-            worker_id: r.get(1)?,
-            state: TaskState::from_code(r.get(2)?).unwrap_or(TaskState::Unspecified),
-            exit_code: r.get(3)?,
-            error: r.get(4)?,
-            started_at_ms: r.get(5)?,
-            finished_at_ms: r.get(6)?,
-            attempt_uid: r.get(7)?,
-        })
-    })?;
+    let mut st = c.prepare_cached(&format!(
+        "SELECT {ATTEMPT_COLS} FROM task_attempts WHERE task_id = ?1 ORDER BY attempt_id"
+    ))?;
+    let rows = st.query_map([task_id], |r| attempt_row(r, 0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+const ATTEMPT_COLS: &str = "attempt_id, COALESCE(worker_id, node_name), state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid";
+
+/// An `ATTEMPT_COLS` row whose first column is at `at`.
+fn attempt_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<AttemptRow> {
+    Ok(AttemptRow {
+        attempt_id: r.get(at)?,
+        worker_id: r.get(at + 1)?,
+        state: TaskState::from_code(r.get(at + 2)?).unwrap_or(TaskState::Unspecified),
+        exit_code: r.get(at + 3)?,
+        error: r.get(at + 4)?,
+        started_at_ms: r.get(at + 5)?,
+        finished_at_ms: r.get(at + 6)?,
+        attempt_uid: r.get(at + 7)?,
+    })
 }
 
 /// The attempts that ran (or run) on a worker, newest first (by start, else creation), at most
@@ -223,25 +227,12 @@ pub fn worker_attempts(
 ) -> Result<Vec<(String, AttemptRow)>> {
     // `idx_attempts_worker_recent` (migration 0007) serves this order: no sort of a long-lived
     // worker's whole history.
-    let mut st = c.raw().prepare_cached(
-        "SELECT task_id, attempt_id, worker_id, state, exit_code, error, started_at_ms, finished_at_ms, attempt_uid
-         FROM task_attempts WHERE worker_id = ?1
-         ORDER BY COALESCE(started_at_ms, created_at_ms) DESC LIMIT ?2",
-    )?;
+    let mut st = c.raw().prepare_cached(&format!(
+        "SELECT task_id, {ATTEMPT_COLS} FROM task_attempts WHERE worker_id = ?1
+         ORDER BY COALESCE(started_at_ms, created_at_ms) DESC LIMIT ?2"
+    ))?;
     let rows = st.query_map(rusqlite::params![worker_id, limit], |r| {
-        Ok((
-            r.get(0)?,
-            AttemptRow {
-                attempt_id: r.get(1)?,
-                worker_id: r.get(2)?,
-                state: TaskState::from_code(r.get(3)?).unwrap_or(TaskState::Unspecified),
-                exit_code: r.get(4)?,
-                error: r.get(5)?,
-                started_at_ms: r.get(6)?,
-                finished_at_ms: r.get(7)?,
-                attempt_uid: r.get(8)?,
-            },
-        ))
+        Ok((r.get(0)?, attempt_row(r, 1)?))
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }

@@ -194,8 +194,9 @@ pub struct Listed {
     pub last_heartbeat_ms: Option<i64>,
     pub metadata_blob: Option<Vec<u8>>,
     pub scale_group: String,
-    /// Jobs with an attempt still holding this worker.
-    pub running_job_ids: Vec<String>,
+    /// The tasks with an attempt still holding this worker (the wire's `running_job_ids`, which
+    /// holds task ids in the reference too).
+    pub running_task_ids: Vec<String>,
 }
 
 /// Every worker, by id, with the jobs holding it.
@@ -212,17 +213,17 @@ pub fn list(c: &impl Read) -> Result<Vec<Listed>> {
             last_heartbeat_ms: r.get(3)?,
             metadata_blob: r.get(4)?,
             scale_group: r.get::<_, Option<String>>(5)?.unwrap_or_default(),
-            running_job_ids: Vec::new(),
+            running_task_ids: Vec::new(),
         })
     })?;
     let mut out: Vec<Listed> = rows.collect::<rusqlite::Result<_>>()?;
     let mut st = c.prepare_cached(
-        "SELECT DISTINCT t.job_id FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
-         WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL",
+        "SELECT task_id FROM task_attempts WHERE worker_id = ?1 AND finished_at_ms IS NULL
+         ORDER BY task_id",
     )?;
     for w in &mut out {
         let rows = st.query_map([&w.worker_id], |r| r.get(0))?;
-        w.running_job_ids = rows.collect::<rusqlite::Result<_>>()?;
+        w.running_task_ids = rows.collect::<rusqlite::Result<_>>()?;
     }
     Ok(out)
 }

@@ -55,7 +55,10 @@ impl Controller {
             fed::Disposition::Local => Ok(Route::Local),
             fed::Disposition::Queue { pinned_peer } => {
                 if !name.is_root() {
-                    let to = fed::candidate_peers(&constraints, &self.fed.views());
+                    let to = match &pinned_peer {
+                        Some(p) => vec![p.clone()],
+                        None => fed::candidate_peers(&constraints, &self.fed.views()),
+                    };
                     let (peers, pin) = match to.first() {
                         Some(first) => (to.join(", "), first.as_str()),
                         None => ("?".to_string(), "<peer>"),
@@ -65,7 +68,7 @@ impl Controller {
                     )));
                 }
                 if self.cfg.auth.as_ref().map(|a| a.enforcing).unwrap_or(false)
-                    && submitting_user == "local_admin"
+                    && submitting_user == fed::LOCAL_ADMIN
                 {
                     return Err(Error::new(
                         Code::PermissionDenied,

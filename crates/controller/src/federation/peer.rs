@@ -30,7 +30,7 @@ impl Controller {
         };
         let caller = crate::auth::caller();
         let denied = |m: String| Err(Error::new(Code::PermissionDenied, m));
-        if f.submitting_user.is_empty() || f.submitting_user == "local_admin" {
+        if f.submitting_user.is_empty() || f.submitting_user == fed::LOCAL_ADMIN {
             return denied(format!(
                 "federation: job {name} was submitted by the anonymous admin ('{}') of {}; only verified users' jobs may be handed off",
                 f.submitting_user, f.requester_id

@@ -28,7 +28,7 @@ pub fn workers_page(
                     thead { tr {
                         th scope="col" { "Worker" } th scope="col" { "Health" } th scope="col" { "Last seen" }
                         th scope="col" { "Devices" } th scope="col" { "CPU committed" } th scope="col" { "Memory committed" }
-                        th scope="col" { "Running jobs" }
+                        th scope="col" { "Running tasks" }
                     } }
                     tbody {
                         @for w in &r.workers {
@@ -53,7 +53,7 @@ pub fn workers_page(
                                     @if w.running_job_ids.is_empty() { span.muted { "idle" } }
                                     @for (i, j) in w.running_job_ids.iter().enumerate() {
                                         @if i > 0 { ", " }
-                                        a href=(fmt::id_path("job", j)) { (j) }
+                                        a href=(fmt::id_path("task", j)) { (j) }
                                     }
                                 }
                             }
