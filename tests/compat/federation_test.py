@@ -33,26 +33,9 @@ from pathlib import Path
 
 import httpx
 
+from harness import PROCS, fail, spawn, wait_until
+
 RESULTS = []
-PROCS = []
-
-
-def fail(msg):
-    raise AssertionError(msg)
-
-
-def wait_until(what, fn, timeout=120.0, interval=0.3):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception as e:  # a controller still starting
-            last = e
-        time.sleep(interval)
-    fail(f"timed out waiting for {what} (last error: {last})")
 
 
 class Node:
@@ -104,19 +87,6 @@ class Node:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-
-
-def spawn(args, log, env=None, cwd=None):
-    p = subprocess.Popen(
-        args,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-        cwd=cwd,
-        start_new_session=True,
-    )
-    PROCS.append(p)
-    return p
 
 
 def indent(pem, n):

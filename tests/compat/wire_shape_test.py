@@ -23,7 +23,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -32,7 +31,8 @@ from google.protobuf import descriptor as _d
 
 from iris.rpc import controller_pb2
 
-PROCS = []
+from harness import PROCS, fail, spawn, wait_until
+
 SERVICE = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"]
 ENDPOINTS = controller_pb2.DESCRIPTOR.services_by_name["EndpointService"]
 
@@ -117,30 +117,6 @@ def allowed(method, kind, path):
         if (m, k) == (method, kind) and covers(entry, path):
             return (m, k, entry)
     return None
-
-
-def fail(msg):
-    raise AssertionError(msg)
-
-
-def wait_until(what, fn, timeout=120.0, interval=0.3):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception as e:  # a controller still starting
-            last = e
-        time.sleep(interval)
-    fail(f"timed out waiting for {what} (last error: {last})")
-
-
-def spawn(args, log, cwd):
-    p = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
-    PROCS.append(p)
-    return p
 
 
 def paths(msg_desc, value, prefix=""):

@@ -17,24 +17,20 @@ use std::collections::BTreeMap;
 const RECENT_ATTEMPTS: u32 = 50;
 
 fn vm_of(w: &c::WorkerHealthStatus) -> vm::VmInfo {
+    let healthy = w.healthy();
     vm::VmInfo {
-        vm_id: w.worker_id.clone().unwrap_or_default(),
-        slice_id: w.worker_id.clone().unwrap_or_default(),
-        scale_group: w.scale_group.clone().unwrap_or_default(),
-        state: if w.healthy.unwrap_or_default() {
+        vm_id: w.worker_id().to_owned(),
+        slice_id: w.worker_id().to_owned(),
+        scale_group: w.scale_group().to_owned(),
+        state: if healthy {
             vm::VmState::Ready
         } else {
             vm::VmState::Unhealthy
         } as i32,
-        address: w.address.clone().unwrap_or_default(),
-        worker_id: w.worker_id.clone().unwrap_or_default(),
-        worker_healthy: w.healthy.unwrap_or_default(),
-        usability: if w.healthy.unwrap_or_default() {
-            "healthy"
-        } else {
-            "dead"
-        }
-        .into(),
+        address: w.address().to_owned(),
+        worker_id: w.worker_id().to_owned(),
+        worker_healthy: healthy,
+        usability: if healthy { "healthy" } else { "dead" }.into(),
         running_task_count: w.running_job_ids.len() as i32,
         state_changed_at: w.last_heartbeat,
         ..Default::default()
@@ -42,22 +38,18 @@ fn vm_of(w: &c::WorkerHealthStatus) -> vm::VmInfo {
 }
 
 fn slice_of(w: &c::WorkerHealthStatus) -> vm::SliceInfo {
+    let healthy = w.healthy();
     vm::SliceInfo {
-        slice_id: w.worker_id.clone().unwrap_or_default(),
-        scale_group: w.scale_group.clone().unwrap_or_default(),
+        slice_id: w.worker_id().to_owned(),
+        scale_group: w.scale_group().to_owned(),
         vms: vec![vm_of(w)],
         last_active: w.last_heartbeat,
         idle: w.running_job_ids.is_empty(),
-        state: if w.healthy.unwrap_or_default() {
-            "ready"
-        } else {
-            "failed"
-        }
-        .into(),
-        error_message: if w.healthy.unwrap_or_default() {
+        state: if healthy { "ready" } else { "failed" }.into(),
+        error_message: if healthy {
             String::new()
         } else {
-            w.status_message.clone().unwrap_or_default()
+            w.status_message().to_owned()
         },
         ..Default::default()
     }
@@ -159,29 +151,19 @@ impl Controller {
                 "worker {id} not found; `iris cluster vm status` lists the workers"
             )));
         };
-        let mut resources: BTreeMap<String, Option<iris_proto::job::ResourceSpecProto>> =
-            BTreeMap::new();
-        let mut recent_attempts = Vec::new();
-        for (task_id, a) in iris_store::views::worker_attempts(&*conn, id, RECENT_ATTEMPTS)? {
-            let job_id = task_id
-                .rsplit_once('/')
-                .map(|x| x.0)
-                .unwrap_or("")
-                .to_string();
-            let res = match resources.get(&job_id) {
-                Some(r) => r.clone(),
-                None => {
-                    let r = self.job_resources(&*conn, &job_id)?;
-                    resources.insert(job_id, r.clone());
-                    r
-                }
-            };
-            recent_attempts.push(c::WorkerTaskAttempt {
-                task_id,
-                attempt: Some(views::attempt(&a)),
-                resources: res,
-            });
-        }
+        // `job_resources` reads through the controller's spec cache: a job's request is
+        // decoded once however many of its attempts the worker ran.
+        let recent_attempts = iris_store::views::worker_attempts(&*conn, id, RECENT_ATTEMPTS)?
+            .into_iter()
+            .map(|(task_id, a)| {
+                let job_id = task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
+                Ok(c::WorkerTaskAttempt {
+                    resources: self.job_resources(&*conn, job_id)?,
+                    attempt: Some(views::attempt(&a)),
+                    task_id,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         drop(conn);
         Ok(c::GetWorkerStatusResponse {
             vm: Some(vm_of(&w)),
