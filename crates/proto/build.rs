@@ -42,6 +42,10 @@ const EXPLICIT_PRESENCE: &[&str] = &[
     ".iris.cluster.Controller.WorkerHealthStatus",
     ".iris.cluster.Controller.UserSummary",
     ".iris.cluster.Controller.Endpoint",
+    ".iris.cluster.Controller.ExecInContainerResponse",
+    ".iris.cluster.Controller.FederationBudgetUsage",
+    ".iris.job.ProfileTaskResponse",
+    ".finelog.logging.LogEntry",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -29,12 +29,14 @@ from pathlib import Path
 import httpx
 from google.protobuf import descriptor as _d
 
+from finelog.rpc import logging_pb2
 from iris.rpc import controller_pb2
 
 from harness import PROCS, fail, spawn, wait_until
 
 SERVICE = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"]
 ENDPOINTS = controller_pb2.DESCRIPTOR.services_by_name["EndpointService"]
+LOGS = logging_pb2.DESCRIPTOR.services_by_name["LogService"]
 
 # Fields whose values are free-form on purpose (JSON objects of well-known types).
 OPAQUE = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.Any"}
@@ -73,11 +75,22 @@ DELIBERATE_EXTRAS = {
     },
 }
 
+# Calls ours answers with a clear error where the published controller answers 200, on purpose
+# (ARCHITECTURE.md, "Wire fidelity"): (method, label) -> reason. Each must still occur.
+DELIBERATE_REFUSALS = {
+    ("LaunchJob", "invalid"): "a job with no command is refused at submit, naming the field, "
+                              "instead of being accepted to fail on a worker",
+    ("MintEndpointToken", ""): "without auth /proxy is open to anyone who reaches it, so a capability "
+                               "URL would promise a protection there is none of; the error says so",
+    ("RenewWorkerToken", ""): "without auth a worker needs no token; the error says auth is off",
+    ("GetKubernetesClusterStatus", ""): "a controller with no Kubernetes backend says so instead of "
+                                        "an empty status",
+}
+
 # Differences not fixed yet, each with the issue that fixes it: (method, "missing" | "extra",
 # path) -> reason; a path covers the fields under it. A ratchet: a difference not listed here
 # fails, and so does an entry that no longer occurs (remove it).
 AUTOSCALER_GAP = "issue 15: the local platform does not autoscale scale groups yet"
-CONTAINER_GAP = "process workers report no container id yet (the published local one is local-<hex>)"
 KNOWN_DIFFERENCES = {
     ("ListBackends", "missing", "backends[].detail.worker.autoscaler"): AUTOSCALER_GAP,
     ("ListBackends", "missing", "backends[].hasAutoscaler"): AUTOSCALER_GAP,
@@ -97,8 +110,6 @@ KNOWN_DIFFERENCES = {
         ("GetAutoscalerStatus", "extra", f"status.groups[].slices[].vms[].{p}"): AUTOSCALER_GAP
         for p in ("address", "scaleGroup", "sliceId")
     },
-    ("ListTasks", "missing", "tasks[].containerId"): CONTAINER_GAP,
-    ("GetTaskStatus", "missing", "task.containerId"): CONTAINER_GAP,
 }
 
 
@@ -153,8 +164,10 @@ class Controller:
         self.kind, self.url = kind, url
 
     def call(self, service, method, body):
+        # A published controller serves its log server only behind its endpoint proxy.
+        base = f"{self.url}/proxy/system.log-server" if service is LOGS else self.url
         r = httpx.post(
-            f"{self.url}/{service.full_name}/{method}",
+            f"{base}/{service.full_name}/{method}",
             content=json.dumps(body),
             headers={"content-type": "application/json"},
             timeout=60,
@@ -264,7 +277,54 @@ def requests(jobs, user, worker_id):
         r.append((SERVICE, "GetJobStatus", role, {"jobId": job}))
         r.append((SERVICE, "ListTasks", role, {"jobId": job}))
         r.append((SERVICE, "GetTaskStatus", role, {"taskId": f"{job}/0"}))
+    r.append((LOGS, "FetchLogs", "job prefix", {"source": f"{jobs['ok']}/", "matchScope": "MATCH_SCOPE_PREFIX",
+                                                "maxLines": 100}))
+    r.append((LOGS, "FetchLogs", "one attempt", {"source": f"{jobs['ok']}/0:0", "matchScope": "MATCH_SCOPE_EXACT"}))
+    r.append((LOGS, "FetchLogs", "tail", {"source": f"{jobs['pair']}/", "matchScope": "MATCH_SCOPE_PREFIX",
+                                          "maxLines": 1, "tail": True}))
     return r
+
+
+def mutations(jobs, user):
+    """The writing RPCs, compared after the reads, in order: (service, method, label, body) where
+    a callable body is given the answers so far by method (an endpoint id, a job id)."""
+    running = f"{jobs['runs']}/0"
+    return [
+        (SERVICE, "LaunchJob", "", {
+            "name": f"/{user}/shape-direct",
+            "entrypoint": {"runCommand": {"argv": ["sh", "-c", "echo direct"]}},
+            "resources": {"cpuMillicores": 100, "memoryBytes": str(64 << 20)},
+            "environment": {},
+            "replicas": 1,
+        }),
+        (SERVICE, "LaunchJob", "invalid", {"name": f"/{user}/shape-bad", "resources": {"cpuMillicores": 100}}),
+        (SERVICE, "SetUserBudget", "", {"userId": user, "budgetLimit": "2000", "maxBand": "PRIORITY_BAND_BATCH"}),
+        (ENDPOINTS, "RegisterEndpoint", "", {"name": f"{jobs['runs']}/shape-ep2", "address": "127.0.0.1:2",
+                                             "taskId": running}),
+        (SERVICE, "MintEndpointToken", "", {"endpointName": f"{jobs['runs']}/shape-ep2"}),
+        (ENDPOINTS, "UnregisterEndpoint", "",
+         lambda answers: {"endpointId": answers["RegisterEndpoint"]["endpointId"]}),
+        (SERVICE, "ExecInContainer", "", {"taskId": running, "command": ["sh", "-c", "echo exec"],
+                                          "timeoutSeconds": 20}),
+        (SERVICE, "ExecInContainer", "unknown task", {"taskId": f"/{user}/no-such-job/0", "command": ["true"]}),
+        (SERVICE, "ProfileTask", "threads", {"target": running, "durationSeconds": 1,
+                                             "profileType": {"threads": {}}}),
+        (SERVICE, "ProfileTask", "unknown task", {"target": f"/{user}/no-such-job/0", "durationSeconds": 1,
+                                                  "profileType": {"threads": {}}}),
+        (LOGS, "PushLogs", "", {"key": f"{jobs['runs']}/0:0", "entries": [
+            {"source": "stdout", "data": "pushed by the wire-shape test", "timestamp": {"epochMs": "1"}}]}),
+        (SERVICE, "BeginCheckpoint", "", {}),
+        (SERVICE, "GetKubernetesClusterStatus", "", {}),
+        (SERVICE, "FederationSync", "", {"requesterId": "shape-hub"}),
+        (SERVICE, "CompleteJob", "unknown job", {"jobId": f"/{user}/no-such-job"}),
+        (SERVICE, "CompleteJob", "", {"jobId": jobs["runs"]}),
+        (SERVICE, "TerminateJob", "", {"jobId": jobs["huge"]}),
+        (SERVICE, "TerminateJob", "unknown job", {"jobId": f"/{user}/no-such-job"}),
+        (SERVICE, "RenewWorkerToken", "", {}),
+        (SERVICE, "Register", "", {"address": "127.0.0.1:1", "workerId": "shape-extra", "metadata": {
+            "hostname": "shape-extra", "ipAddress": "127.0.0.1", "cpuCount": 2, "memoryBytes": str(4 << 30),
+            "diskBytes": str(10 << 30), "device": {"cpu": {"variant": "cpu"}}}}),
+    ]
 
 
 def main():
@@ -286,10 +346,10 @@ def main():
             workers = {c.kind: c.call(SERVICE, "ListWorkers", {})[1]["workers"][0]["workerId"] for c in (pub, ours)}
             plan = {c.kind: requests(*state[c.kind], workers[c.kind]) for c in (pub, ours)}
             seen = set()
-            for (svc, method, label, pbody), (_, _, _, obody) in zip(plan["published"], plan["ours"]):
+
+            def compare(svc, method, label, pbody, obody):
+                """Call `method` on both; print and record the verdict; the answers by kind."""
                 name = f"{method}{f' ({label})' if label else ''}"
-                if a.k and a.k not in name:
-                    continue
                 out_desc = svc.methods_by_name[method].output_type
                 ps, pdata = pub.call(svc, method, pbody)
                 os_, odata = ours.call(svc, method, obody)
@@ -300,27 +360,55 @@ def main():
                     (rec / fname).write_text(json.dumps({"request": pbody, "status": ps, "response": pdata},
                                                         indent=2, sort_keys=True) + "\n")
                 problems = []
-                if ps != os_:
-                    problems.append(f"HTTP {os_} where the published controller answers {ps}: {json.dumps(odata)[:300]}")
-                elif ps == 200:
+                refusal = (method, label) in DELIBERATE_REFUSALS
+                if refusal:
+                    seen.add(("refusal", method, label))
+                    if not (ps == 200 and os_ >= 400 and odata.get("message")):
+                        problems.append(f"listed as a deliberate refusal, but HTTP {os_} where the published "
+                                        f"controller answers {ps}: {json.dumps(odata)[:300]}")
+                elif ps != os_:
+                    problems.append(f"HTTP {os_} where the published controller answers {ps}: "
+                                    f"{json.dumps(odata)[:300]} (published: {json.dumps(pdata)[:300]})")
+                elif ps != 200:
+                    if pdata.get("code") != odata.get("code"):
+                        problems.append(f"error code {odata.get('code')} where the published controller "
+                                        f"answers {pdata.get('code')}: {odata.get('message')}")
+                    elif not odata.get("message"):
+                        problems.append("an error with no message")
+                else:
                     want, got = paths(out_desc, pdata), paths(out_desc, odata)
                     for kind, diff in (("missing", want - got), ("extra", got - want)):
                         bad = sorted(p for p in diff if allowed(method, kind, p) is None)
                         if bad:
                             problems.append(f"{kind} " + ", ".join(bad))
                         seen.update(allowed(method, kind, p) for p in diff)
-                results.append((not problems, name))
-                print(f"{'ok  ' if not problems else 'FAIL'} {name}{': ' + '; '.join(problems) if problems else ''}",
-                      flush=True)
+                if not a.k or a.k in name:
+                    results.append((not problems, name))
+                    print(f"{'ok  ' if not problems else 'FAIL'} {name}"
+                          f"{': ' + '; '.join(problems) if problems else ''}", flush=True)
+                return {"published": pdata, "ours": odata}
+
+            for (svc, method, label, pbody), (_, _, _, obody) in zip(plan["published"], plan["ours"]):
+                compare(svc, method, label, pbody, obody)
+            # The writing RPCs, each on the state the reads saw, in the same order on both.
+            answers = {"published": {}, "ours": {}}
+            writes = {c.kind: mutations(*state[c.kind]) for c in (pub, ours)}
+            for (svc, method, label, pbody), (_, _, _, obody) in zip(writes["published"], writes["ours"]):
+                if callable(pbody):
+                    pbody, obody = pbody(answers["published"]), obody(answers["ours"])
+                got = compare(svc, method, label, pbody, obody)
+                for kind in answers:
+                    answers[kind].setdefault(method, got[kind])
             if not a.k:
                 # The ratchet's other half: an accepted difference that no longer occurs.
                 listed = set(KNOWN_DIFFERENCES) | {
                     (m, "extra", p) for m, fields in DELIBERATE_EXTRAS.items() for p in fields
-                }
+                } | {("refusal", m, label) for m, label in DELIBERATE_REFUSALS}
                 for m, kind, p in sorted(listed - seen):
                     results.append((False, f"stale {m} {kind} {p}"))
-                    print(f"FAIL stale entry: {m} no longer has {kind} field {p}; remove it from the list",
-                          flush=True)
+                    what = (f"{kind} ({p}) is no longer refused" if m == "refusal"
+                            else f"{m} no longer has {kind} field {p}")
+                    print(f"FAIL stale entry: {what}; remove it from the list", flush=True)
         except Exception as e:
             results.append((False, f"setup: {e}"))
             print(f"FAIL setup: {e}", flush=True)

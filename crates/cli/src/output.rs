@@ -229,9 +229,13 @@ pub fn print_log(e: &fl::LogEntry, source: &str) {
         .and_then(|t| chrono::DateTime::from_timestamp_millis(t.epoch_ms))
         .map(|d| d.format("%H:%M:%S").to_string())
         .unwrap_or_default();
-    let key = if e.key.is_empty() { source } else { &e.key };
+    let key = if e.key().is_empty() { source } else { e.key() };
     let task = key.rsplit_once(':').map(|x| x.0).unwrap_or(key);
-    println!("[{t}] task={task} attempt={} | {}", e.attempt_id, e.data);
+    println!(
+        "[{t}] task={task} attempt={} | {}",
+        e.attempt_id(),
+        e.data()
+    );
 }
 
 pub fn print_workers(ws: &[iris_proto::cluster::controller::WorkerHealthStatus]) {

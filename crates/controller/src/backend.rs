@@ -125,6 +125,8 @@ pub(crate) fn store_observation(o: Observation) -> apply::Observation {
         state: o.state,
         error: o.error,
         status_message: o.status_message,
+        // Backends name no container (the reference's Kubernetes backend reports none either).
+        container_id: String::new(),
     }
 }
 

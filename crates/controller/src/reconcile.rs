@@ -448,6 +448,7 @@ fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse)
             exit_code: (state.is_terminal()).then_some(o.exit_code),
             error: o.error,
             status_message: o.status_message,
+            container_id: o.container_id,
         }
     });
     apply_observations(ctl, worker_id, observed.collect())

@@ -69,6 +69,7 @@ async fn a_task_past_its_execution_timeout_fails_its_job() {
             exit_code: None,
             error: String::new(),
             status_message: String::new(),
+            container_id: String::new(),
         };
         assert!(apply::apply_observation(&tx, "w1", &obs, started).expect("observe"));
         tx.commit().expect("commit");

@@ -327,8 +327,8 @@ fn task_page_shows_attempts_events_and_logs() {
         omitted: 5,
     };
     let logs = vec![fl::LogEntry {
-        data: "hello <b>".into(),
-        source: "stderr".into(),
+        data: Some("hello <b>".into()),
+        source: Some("stderr".into()),
         timestamp: Some(fl::Timestamp { epoch_ms: NOW }),
         ..Default::default()
     }];
@@ -424,13 +424,13 @@ fn logs_page_shows_a_rejected_regex_as_an_error() {
 fn logs_page_with_a_full_tail_stays_under_the_size_budget() {
     let lines: Vec<fl::LogEntry> = (0..pages::MAX_LOG_LINES)
         .map(|i| fl::LogEntry {
-            data: format!(
+            data: Some(format!(
                 "rank{} step {i} train/loss={:.4} lr=3e-4 tokens/s=123456",
                 i % 8,
                 1.0 / (i + 1) as f64
-            ),
-            source: "stdout".into(),
-            key: "/u/j/0:0".into(),
+            )),
+            source: Some("stdout".into()),
+            key: Some("/u/j/0:0".into()),
             timestamp: Some(fl::Timestamp {
                 epoch_ms: NOW + i as i64,
             }),

@@ -132,3 +132,17 @@ pub fn build_provenance() -> job::Provenance {
         dirty: Some(false),
     }
 }
+
+impl iris::job::ProfileTaskResponse {
+    /// A profiler's outcome as the reference answers it: both fields set, the unused one empty.
+    pub fn from_outcome(outcome: Result<Vec<u8>, String>) -> Self {
+        let (profile_data, error) = match outcome {
+            Ok(data) => (data, String::new()),
+            Err(error) => (Vec::new(), error),
+        };
+        Self {
+            profile_data: Some(profile_data),
+            error: Some(error),
+        }
+    }
+}

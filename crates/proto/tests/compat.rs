@@ -354,20 +354,27 @@ fn fetch_logs_response() {
     assert_eq!(resp.cursor, 981_240);
     assert_eq!(resp.entries.len(), 2);
     let first = &resp.entries[0];
-    assert_eq!(first.data, "step 1 loss=2.31 \u{2713}");
+    assert_eq!(first.data(), "step 1 loss=2.31 \u{2713}");
     assert_eq!(first.level(), finelog::LogLevel::Info);
     assert_eq!(
         first.timestamp.as_ref().map(|t| t.epoch_ms),
         Some(1_700_000_000_001)
     );
-    assert_eq!(first.seq, 981_239);
+    assert_eq!(first.seq, Some(981_239));
     assert_eq!(resp.entries[1].level(), finelog::LogLevel::Warning);
 
     // iris.logging.LogEntry is documented as wire-identical to finelog's.
     let iris_entry = iris_proto::iris::logging::LogEntry::decode(first.encode_to_vec().as_slice())
         .expect("decode");
-    assert_eq!(iris_entry.key, first.key);
-    assert_eq!(iris_entry.encode_to_vec(), first.encode_to_vec());
+    assert_eq!(iris_entry.key, first.key());
+    // finelog's entry has explicit presence (a set zero is on the wire), iris's does not: the
+    // same message either way, read back with the zeros set.
+    let back =
+        finelog::LogEntry::decode(iris_entry.encode_to_vec().as_slice()).expect("decode back");
+    assert_eq!(back.data(), first.data());
+    assert_eq!(back.seq(), first.seq());
+    assert_eq!(back.level(), first.level());
+    assert_eq!(back.timestamp, first.timestamp);
 }
 
 #[test]

@@ -394,12 +394,12 @@ fn push_line(logs: &mut LogShipper, attempt_id: i32, stream: Stream, line: Strin
     };
     logs.buf.push(fl::LogEntry {
         timestamp: Some(fl::Timestamp { epoch_ms: now_ms() }),
-        source: source.into(),
-        data: line,
-        attempt_id,
-        level,
-        key: String::new(),
-        seq: logs.next_seq,
+        source: Some(source.into()),
+        data: Some(line),
+        attempt_id: Some(attempt_id),
+        level: Some(level),
+        key: None,
+        seq: Some(logs.next_seq),
     });
     logs.next_seq += 1;
 }

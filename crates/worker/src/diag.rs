@@ -257,16 +257,7 @@ pub(crate) async fn profile(
         );
         r
     };
-    Ok(match result {
-        Ok(profile_data) => job::ProfileTaskResponse {
-            profile_data,
-            error: String::new(),
-        },
-        Err(error) => job::ProfileTaskResponse {
-            profile_data: Vec::new(),
-            error,
-        },
-    })
+    Ok(job::ProfileTaskResponse::from_outcome(result))
 }
 
 /// The worker daemon itself: native threads; CPU and memory profiles are for Python.

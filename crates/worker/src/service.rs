@@ -197,6 +197,7 @@ fn reconcile(
                 },
                 exit_code: a.exit_code,
                 error: a.error.clone(),
+                container_id: container_id(a.pgid),
                 ..Default::default()
             });
         }
@@ -211,6 +212,13 @@ fn reconcile(
             resources: None,
         }),
     })
+}
+
+/// The id `task describe` shows for an attempt's "container": its process group, which is what
+/// `kill -- -<pgid>` or `ps -g` act on (the reference's process runtime names a random
+/// `local-<hex>`; ours keeps its prefix and says which group). Empty until the group exists.
+fn container_id(pgid: Option<i32>) -> String {
+    pgid.map(|pg| format!("local-pg{pg}")).unwrap_or_default()
 }
 
 #[cfg(test)]

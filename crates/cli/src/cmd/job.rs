@@ -572,7 +572,7 @@ async fn stream_until_done(
             )
             .await?;
             for e in &r.entries {
-                eprintln!("task={} | {}", e.key, e.data);
+                eprintln!("task={} | {}", e.key(), e.data());
             }
             let got = r.entries.len();
             cursor = r.cursor;

@@ -135,7 +135,7 @@ async fn logs(
                 .and_then(|t| chrono::DateTime::from_timestamp_millis(t.epoch_ms))
                 .map(|d| d.format("%H:%M:%S").to_string())
                 .unwrap_or_default();
-            println!("[{ts}] {}", e.data);
+            println!("[{ts}] {}", e.data());
         }
         cursor = r.cursor;
         first = false;
@@ -265,8 +265,8 @@ pub(crate) async fn run_profile(
             Duration::from_secs(p.duration.max(0) as u64 + 90),
         )
         .await?;
-    if !r.error.is_empty() {
-        eprintln!("error: Profiling failed: {}", r.error);
+    if !r.error().is_empty() {
+        eprintln!("error: Profiling failed: {}", r.error());
         return Ok(1);
     }
     let path = match &p.output {
@@ -276,7 +276,7 @@ pub(crate) async fn run_profile(
             use std::io::Write;
             let mut out = std::io::stdout().lock();
             let _ = out
-                .write_all(&r.profile_data)
+                .write_all(r.profile_data())
                 .and_then(|()| out.write_all(b"\n"));
             return Ok(0);
         }
@@ -290,7 +290,7 @@ pub(crate) async fn run_profile(
             format!("profile-{}-{}{ext}", p.profiler, safe.trim_matches('-')).into()
         }
     };
-    std::fs::write(&path, &r.profile_data)
+    std::fs::write(&path, r.profile_data())
         .map_err(|e| anyhow::anyhow!("writing the profile to {}: {e}", path.display()))?;
     println!("Profile written to {}", path.display());
     Ok(0)

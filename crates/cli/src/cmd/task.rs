@@ -168,15 +168,15 @@ async fn exec(cl: &Client, a: ExecArgs) -> anyhow::Result<i32> {
             wait,
         )
         .await?;
-    if !r.error.is_empty() {
-        eprintln!("Error: {}", r.error);
+    if !r.error().is_empty() {
+        eprintln!("Error: {}", r.error());
         return Ok(1);
     }
     use std::io::Write;
-    print!("{}", r.stdout);
-    eprint!("{}", r.stderr);
+    print!("{}", r.stdout());
+    eprint!("{}", r.stderr());
     let _ = std::io::stdout().flush();
-    Ok(r.exit_code)
+    Ok(r.exit_code())
 }
 
 pub(crate) async fn run(t: TaskCmd, url: Option<String>) -> anyhow::Result<i32> {

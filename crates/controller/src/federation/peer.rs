@@ -151,12 +151,19 @@ impl Controller {
                 metadata: e.metadata.into_iter().collect(),
             })
             .collect();
+        // Our users' spend here, as the reference reports it to every requester. Budgets are
+        // not shared between federated clusters yet (`budget_parent` is named as unused at
+        // start), so this cluster names no budget parent and a hub counts none of it.
+        let budget_usage = Some(c::FederationBudgetUsage {
+            budget_parent: Some(String::new()),
+            spend: iris_store::budgets::spend_by_user(&*conn)?,
+        });
         Ok(c::FederationSyncResponse {
             deltas,
             next_cursor: ch.max_seq.to_string(),
             cursor_stale: ch.stale,
             endpoints,
-            budget_usage: None,
+            budget_usage,
         })
     }
 }

@@ -19,11 +19,11 @@ impl Controller {
             .into_iter()
             .map(|e| {
                 (
-                    e.source,
-                    e.data,
+                    e.source.unwrap_or_default(),
+                    e.data.unwrap_or_default(),
                     e.timestamp.map(|t| t.epoch_ms).unwrap_or_else(now),
-                    e.level,
-                    (e.seq > 0).then_some(e.seq),
+                    e.level.unwrap_or_default(),
+                    e.seq.filter(|&s| s > 0),
                 )
             })
             .collect();
@@ -83,20 +83,19 @@ impl Controller {
                 timestamp: Some(fl::Timestamp {
                     epoch_ms: l.epoch_ms,
                 }),
-                attempt_id: l
-                    .key
-                    .rsplit_once(':')
-                    .and_then(|(_, n)| n.parse().ok())
-                    .unwrap_or(0),
-                source: l.source,
-                data: l.data,
-                level: l.level,
-                key: if scope == iris_store::logs::Scope::Exact {
-                    String::new()
-                } else {
+                // Every field is sent, zeros too, as the published log server sends them; the
+                // key only on a multi-key read.
+                attempt_id: Some(
                     l.key
-                },
-                seq: l.seq,
+                        .rsplit_once(':')
+                        .and_then(|(_, n)| n.parse().ok())
+                        .unwrap_or(0),
+                ),
+                source: Some(l.source),
+                data: Some(l.data),
+                level: Some(l.level),
+                key: (scope != iris_store::logs::Scope::Exact).then_some(l.key),
+                seq: Some(l.seq),
             })
             .collect();
         Ok(fl::FetchLogsResponse { entries, cursor })

@@ -267,16 +267,9 @@ impl Controller {
         let duration = Duration::from_secs(req.duration_seconds.clamp(1, 3600) as u64);
         let timeout = duration + RPC_MARGIN;
         match parse_target(&req.target)? {
-            Target::Controller => Ok(match profile_self(profiler) {
-                Ok(profile_data) => job::ProfileTaskResponse {
-                    profile_data,
-                    error: String::new(),
-                },
-                Err(error) => job::ProfileTaskResponse {
-                    profile_data: Vec::new(),
-                    error,
-                },
-            }),
+            Target::Controller => Ok(job::ProfileTaskResponse::from_outcome(profile_self(
+                profiler,
+            ))),
             Target::Worker(id) => {
                 let fwd = job::ProfileTaskRequest {
                     target: SELF_TARGET.into(),
@@ -329,11 +322,12 @@ impl Controller {
                 timeout,
             )
             .await?;
+        // Every field is sent, zeros too, as the published controller does.
         Ok(c::ExecInContainerResponse {
-            exit_code: r.exit_code,
-            stdout: r.stdout,
-            stderr: r.stderr,
-            error: r.error,
+            exit_code: Some(r.exit_code),
+            stdout: Some(r.stdout),
+            stderr: Some(r.stderr),
+            error: Some(r.error),
         })
     }
 
@@ -364,11 +358,12 @@ impl Controller {
                     timestamp: Some(fl::Timestamp {
                         epoch_ms: l.epoch_ms,
                     }),
-                    source: source.to_string(),
-                    data: l.data,
-                    level: l.level,
-                    seq: l.seq,
-                    ..Default::default()
+                    source: Some(source.to_string()),
+                    data: Some(l.data),
+                    level: Some(l.level),
+                    seq: Some(l.seq),
+                    attempt_id: Some(0),
+                    key: None,
                 })
                 .collect();
             return Ok(Some(fl::FetchLogsResponse { entries, cursor }));
@@ -398,11 +393,12 @@ impl Controller {
                     timestamp: e.timestamp.map(|t| fl::Timestamp {
                         epoch_ms: t.epoch_ms,
                     }),
-                    source: source.to_string(),
-                    data: e.data,
-                    level: e.level,
-                    seq: e.seq,
-                    ..Default::default()
+                    source: Some(source.to_string()),
+                    data: Some(e.data),
+                    level: Some(e.level),
+                    seq: Some(e.seq),
+                    attempt_id: Some(0),
+                    key: None,
                 })
                 .collect()
         } else {
@@ -414,7 +410,7 @@ impl Controller {
         } else {
             lines[..keep].to_vec()
         };
-        let cursor = lines.last().map(|e| e.seq).unwrap_or(req.cursor);
+        let cursor = lines.last().and_then(|e| e.seq).unwrap_or(req.cursor);
         Ok(Some(fl::FetchLogsResponse {
             entries: lines,
             cursor,

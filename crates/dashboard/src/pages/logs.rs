@@ -35,10 +35,10 @@ pub fn log_line(e: &fl::LogEntry, with_key: bool) -> Markup {
         .map(|t| t.format("%H:%M:%S%.3f").to_string())
         .unwrap_or_default();
     html! {
-        li.e[e.source == "stderr"] {
+        li.e[e.source() == "stderr"] {
             span.t { (t) } " "
-            @if with_key && !e.key.is_empty() { span.k { (e.key) } " " }
-            (e.data)
+            @if with_key && !e.key().is_empty() { span.k { (e.key()) } " " }
+            (e.data())
         }
     }
 }

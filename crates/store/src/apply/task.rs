@@ -328,6 +328,8 @@ pub struct Observation {
     pub exit_code: Option<i32>,
     pub error: String,
     pub status_message: String,
+    /// The runtime's id for the attempt's container (empty: not reported).
+    pub container_id: String,
 }
 
 /// Applies a worker's observation, fenced by attempt uid and worker id. Returns true when it
@@ -357,6 +359,13 @@ pub fn apply_observation(
     let att_state = TaskState::from_code(att_state).unwrap_or(TaskState::Unspecified);
     let reported_terminal = obs.state.is_terminal() || obs.state == TaskState::Missing;
     if attempt_id == current {
+        if !obs.container_id.is_empty() {
+            // The current attempt's container, as the reference keeps it: the last one reported.
+            tx.prepare_cached(
+                "UPDATE tasks SET container_id = ?2 WHERE task_id = ?1 AND container_id IS NOT ?2",
+            )?
+            .execute(params![task_id, obs.container_id])?;
+        }
         if !obs.status_message.is_empty() {
             tx.prepare_cached("UPDATE tasks SET status_message = ?2 WHERE task_id = ?1")?
                 .execute(params![task_id, obs.status_message])?;

@@ -66,6 +66,7 @@ fn report(
         exit_code,
         error: error.into(),
         status_message: String::new(),
+        container_id: String::new(),
     };
     apply_observation(tx, worker, &obs, now).expect("observation")
 }
@@ -960,4 +961,55 @@ fn a_workers_attempts_come_newest_first_each_with_its_task_and_the_index_serves_
     let plan = plan.join("; ");
     assert!(plan.contains("idx_attempts_worker_recent"), "{plan}");
     assert!(!plan.contains("TEMP B-TREE"), "no sort: {plan}");
+}
+
+#[test]
+fn a_task_shows_the_container_its_current_attempt_reported() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    worker(&tx, "w2");
+    let mut j = job("/alice/ctr", 1);
+    j.cfg.max_retries_failure = 1;
+    j.cfg.max_task_failures = 5;
+    insert(&tx, &j);
+    let seen = |uid: &str, worker: &str, state: TaskState, container: &str, now: i64| {
+        let obs = Observation {
+            attempt_uid: uid.into(),
+            state,
+            exit_code: state.is_terminal().then_some(1),
+            error: String::new(),
+            status_message: String::new(),
+            container_id: container.into(),
+        };
+        apply_observation(&tx, worker, &obs, now).expect("observation")
+    };
+
+    assert!(assign(&tx, "/alice/ctr/0", "w1", "c0", T0 + 1));
+    assert_eq!(
+        task(&tx, "/alice/ctr/0").container_id,
+        None,
+        "none before a report"
+    );
+    seen("c0", "w1", TaskState::Running, "local-pg100", T0 + 2);
+    assert_eq!(
+        task(&tx, "/alice/ctr/0").container_id.as_deref(),
+        Some("local-pg100")
+    );
+    // A report that names no container keeps the one known.
+    seen("c0", "w1", TaskState::Running, "", T0 + 3);
+    assert_eq!(
+        task(&tx, "/alice/ctr/0").container_id.as_deref(),
+        Some("local-pg100")
+    );
+    seen("c0", "w1", TaskState::Failed, "local-pg100", T0 + 4);
+
+    assert!(assign(&tx, "/alice/ctr/0", "w2", "c1", T0 + 5));
+    seen("c1", "w2", TaskState::Running, "local-pg200", T0 + 6);
+    // The superseded attempt's late report does not take the task's container back.
+    seen("c0", "w1", TaskState::Failed, "local-pg100", T0 + 7);
+    assert_eq!(
+        task(&tx, "/alice/ctr/0").container_id.as_deref(),
+        Some("local-pg200")
+    );
 }

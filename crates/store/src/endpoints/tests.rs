@@ -85,6 +85,7 @@ fn observe(db: &mut Db, uid: &str, state: TaskState, exit: Option<i32>) {
         exit_code: exit,
         error: String::new(),
         status_message: String::new(),
+        container_id: String::new(),
     };
     apply_observation(&tx, "w1", &obs, T0 + 5).expect("observe");
     tx.commit().expect("commit");
