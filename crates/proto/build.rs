@@ -45,6 +45,13 @@ const EXPLICIT_PRESENCE: &[&str] = &[
     ".iris.cluster.Controller.ExecInContainerResponse",
     ".iris.cluster.Controller.FederationBudgetUsage",
     ".iris.job.ProfileTaskResponse",
+    ".iris.time.Timestamp",
+    ".iris.vm.ScaleGroupStatus",
+    ".iris.vm.SliceInfo",
+    ".iris.vm.AutoscalerAction",
+    ".iris.vm.DemandEntryStatus",
+    ".iris.vm.GroupRoutingStatus",
+    ".iris.vm.ResourceSpec",
     ".finelog.logging.LogEntry",
 ];
 

@@ -90,26 +90,7 @@ DELIBERATE_REFUSALS = {
 # Differences not fixed yet, each with the issue that fixes it: (method, "missing" | "extra",
 # path) -> reason; a path covers the fields under it. A ratchet: a difference not listed here
 # fails, and so does an entry that no longer occurs (remove it).
-AUTOSCALER_GAP = "issue 15: the local platform does not autoscale scale groups yet"
 KNOWN_DIFFERENCES = {
-    ("ListBackends", "missing", "backends[].detail.worker.autoscaler"): AUTOSCALER_GAP,
-    ("ListBackends", "missing", "backends[].hasAutoscaler"): AUTOSCALER_GAP,
-    **{
-        ("GetAutoscalerStatus", "missing", f"status.{p}"): AUTOSCALER_GAP
-        for p in (
-            "groups[].allocationTier", "groups[].availabilityReason", "groups[].backoffUntil",
-            "groups[].blockedUntil", "groups[].consecutiveFailures", "groups[].idleThresholdMs",
-            "groups[].lastScaleDown", "groups[].lastScaleUp", "groups[].quotaPool", "groups[].region",
-            "groups[].scaleUpCooldownUntil", "groups[].slices[].capacityStatus",
-            "groups[].slices[].createdAt", "groups[].slices[].degradedSlotCount",
-            "groups[].slices[].errorMessage", "groups[].slices[].idle",
-            "groups[].slices[].vms[].createdAt", "lastRoutingDecision", "recentActions",
-        )
-    },
-    **{
-        ("GetAutoscalerStatus", "extra", f"status.groups[].slices[].vms[].{p}"): AUTOSCALER_GAP
-        for p in ("address", "scaleGroup", "sliceId")
-    },
 }
 
 

@@ -95,7 +95,7 @@ pub async fn run(a: CheckpointArgs) -> anyhow::Result<i32> {
             .await
             .map_err(|e| anyhow::anyhow!("checkpoint: {e}"))?;
         let secs = t.elapsed().as_secs_f64();
-        last = r.created_at.map(|t| t.epoch_ms).unwrap_or_default();
+        last = r.created_at.map(|t| t.epoch_ms()).unwrap_or_default();
         let m = cp::read_manifest(&remote, last)
             .await?
             .context("the checkpoint has no manifest")?;

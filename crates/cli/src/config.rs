@@ -298,6 +298,37 @@ impl ClusterConfig {
         Ok((defaults, tiers))
     }
 
+    /// `defaults.autoscaler.scale_down_delay` in milliseconds: how long a slice must be idle
+    /// before the autoscaler stops it (the reference's default, 10 minutes, when unset). The
+    /// published format: milliseconds as a number, or `{milliseconds: N}` / `{seconds: N}`.
+    pub fn scale_down_delay_ms(&self) -> anyhow::Result<i64> {
+        const KEY: &str = "defaults.autoscaler.scale_down_delay";
+        let v = self
+            .defaults
+            .as_ref()
+            .and_then(|d| d.get("autoscaler"))
+            .and_then(|a| a.get("scale_down_delay"))
+            .filter(|v| !v.is_null());
+        let Some(v) = v else {
+            return Ok(600_000);
+        };
+        let ms = if let Some(n) = v.as_f64().filter(|_| !v.is_bool()) {
+            n
+        } else if let Some(n) = v.get("milliseconds").and_then(|n| n.as_f64()) {
+            n
+        } else if let Some(n) = v.get("seconds").and_then(|n| n.as_f64()) {
+            n * 1000.0
+        } else {
+            anyhow::bail!(
+                "`{KEY}`: give a duration as milliseconds (e.g. 60000) or as {{seconds: 60}} / {{milliseconds: 60000}}"
+            );
+        };
+        if !(ms.is_finite() && ms >= 0.0) {
+            anyhow::bail!("`{KEY}`: must be a duration of 0 or more");
+        }
+        Ok(ms as i64)
+    }
+
     pub fn task_env(&self) -> anyhow::Result<BTreeMap<String, String>> {
         let section = |path: &[&str]| -> anyhow::Result<BTreeMap<String, String>> {
             let mut v = self.defaults.as_ref();

@@ -262,20 +262,26 @@ fn revision_date() -> Option<String> {
         .or_else(|| Some("2026-10-24".into()))
 }
 
-/// One local worker per VM of each scale group.
+/// A scale group as the local platform runs it: its workers are in-process daemons.
+#[derive(Clone)]
 pub(crate) struct GroupPlan {
     pub(crate) name: String,
+    /// Workers per slice (`num_vms`); a group without `max_slices` runs one such slice always.
     pub(crate) count: u32,
     pub(crate) cpu: i32,
     pub(crate) memory: i64,
     pub(crate) disk: i64,
     pub(crate) device: Option<(String, String, i32)>,
-    attributes: Vec<(String, String)>,
+    pub(crate) attributes: Vec<(String, String)>,
+    /// The most workers the group can have.
     pub(crate) max: u32,
+    /// Set when the group scales by demand (its config names `max_slices`).
+    pub(crate) autoscale: Option<iris_scheduler::autoscale::GroupPolicy>,
 }
 
 pub(crate) fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<GroupPlan>> {
     let mut out = Vec::new();
+    let idle_threshold_ms = cfg.scale_down_delay_ms()?;
     for (name, g) in &cfg.scale_groups {
         let r = &g.resources;
         let memory = match &r.ram {
@@ -317,15 +323,33 @@ pub(crate) fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<Gro
             .unwrap_or(r.capacity_type.as_deref() == Some("preemptible"));
         attributes.push(("preemptible".into(), preemptible.to_string()));
         attributes.push(("scale-group".into(), name.clone()));
+        let per_slice = g.num_vms.unwrap_or(1).max(1);
+        // The reference scales every group between buffer_slices and max_slices (default 0:
+        // never). A group that names no max_slices is one fixed slice here, so a config of
+        // num_vms alone keeps its workers (ARCHITECTURE.md, "Deliberate difference").
+        let autoscale = g
+            .max_slices
+            .map(|max| iris_scheduler::autoscale::GroupPolicy {
+                name: name.clone(),
+                num_vms: per_slice,
+                buffer_slices: g.buffer_slices.unwrap_or(0),
+                max_slices: max,
+                idle_threshold_ms,
+                priority: g.priority.unwrap_or(100),
+            });
         out.push(GroupPlan {
             name: name.clone(),
-            count: g.num_vms.unwrap_or(1).max(1),
+            count: per_slice,
             cpu: r.cpu.unwrap_or(16.0).ceil() as i32,
             memory,
             disk,
             device,
             attributes,
-            max: g.max_slices.unwrap_or(1).max(g.num_vms.unwrap_or(1)),
+            max: match &autoscale {
+                Some(p) => p.max_slices * per_slice,
+                None => per_slice,
+            },
+            autoscale,
         });
     }
     Ok(out)
@@ -359,6 +383,7 @@ fn capacity(g: &GroupPlan) -> GroupCapacity {
         },
         attributes,
         max_workers: g.max,
+        autoscale: g.autoscale.clone(),
     }
 }
 
@@ -434,31 +459,39 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     println!("State dir: {}", state_dir.display());
     let dashboard_bind = std::net::SocketAddr::from(([127, 0, 0, 1], a.dashboard_port));
     let dashboard = start_dashboard(&url, dashboard_bind, session).await?;
-    let task_env = cfg.task_env()?;
+    let slices = std::sync::Arc::new(crate::slices::LocalSlices {
+        controller_url: url.clone(),
+        state_dir: state_dir.clone(),
+        python: a.python.clone(),
+        task_env: cfg.task_env()?,
+        groups: groups.iter().map(|g| (g.name.clone(), g.clone())).collect(),
+        running: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+    });
+    // A group without max_slices is one slice of num_vms workers for as long as the cluster
+    // runs; the others start and stop slices by demand.
     let mut workers = Vec::new();
-    for g in &groups {
+    for g in groups.iter().filter(|g| g.autoscale.is_none()) {
         for i in 0..g.count {
             let id = format!("worker-{}-{i}-{}", g.name, short_id());
-            let w = iris_worker::start(iris_worker::WorkerConfig {
-                controller_url: url.clone(),
-                worker_id: id.clone(),
-                bind: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-                cpu_count: g.cpu,
-                memory_bytes: g.memory,
-                disk_bytes: g.disk,
-                device: g.device.clone(),
-                attributes: g.attributes.clone(),
-                scale_group: g.name.clone(),
-                cache_dir: state_dir.join("workers").join(&id),
-                heartbeat_timeout: Duration::from_secs(60),
-                python: a.python.clone(),
-                task_env: task_env.clone(),
-            })
-            .await?;
-            workers.push(w);
+            workers.push(slices.start_worker(g, &id).await?);
         }
     }
     println!("Started {} local worker(s)", workers.len());
+    let scaled: Vec<String> = groups
+        .iter()
+        .filter_map(|g| {
+            g.autoscale.as_ref().map(|p| {
+                format!(
+                    "{} ({}-{} slices of {} worker(s))",
+                    g.name, p.buffer_slices, p.max_slices, p.num_vms
+                )
+            })
+        })
+        .collect();
+    if !scaled.is_empty() {
+        println!("Autoscaling: {}", scaled.join(", "));
+        ctl.autoscale(slices.clone());
+    }
     let code = if a.sample {
         let cl = crate::client::controller_client(&Some(url.clone()))?;
         run_sample(&cl).await?
@@ -476,6 +509,7 @@ pub async fn start(a: StartArgs) -> anyhow::Result<i32> {
     for w in workers {
         w.shutdown().await;
     }
+    slices.stop_all().await;
     dashboard.shutdown().await;
     ctl.shutdown().await;
     let _ = std::fs::remove_file(state_dir.join("controller.url"));

@@ -23,6 +23,7 @@ mod output;
 mod rollout;
 mod secrets;
 mod setup_scripts;
+mod slices;
 mod target;
 mod tunnel;
 mod workspace;

@@ -16,7 +16,7 @@ fn task_state(s: i32) -> &'static str {
 }
 
 fn fmt_ts(t: Option<&iris_proto::time::Timestamp>) -> String {
-    t.and_then(|t| chrono::DateTime::from_timestamp_millis(t.epoch_ms))
+    t.and_then(|t| chrono::DateTime::from_timestamp_millis(t.epoch_ms()))
         .map(|d| d.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| "-".into())
 }
@@ -74,8 +74,8 @@ pub fn print_jobs(jobs: &[job::JobStatus]) {
 
 fn duration(t: &job::TaskStatus) -> String {
     match (&t.started_at, &t.finished_at) {
-        (Some(s), Some(f)) => format!("{:.1}s", (f.epoch_ms - s.epoch_ms) as f64 / 1000.0),
-        (Some(s), None) => format!("{:.1}s", (iris_now() - s.epoch_ms) as f64 / 1000.0),
+        (Some(s), Some(f)) => format!("{:.1}s", (f.epoch_ms() - s.epoch_ms()) as f64 / 1000.0),
+        (Some(s), None) => format!("{:.1}s", (iris_now() - s.epoch_ms()) as f64 / 1000.0),
         _ => "-".into(),
     }
 }

@@ -122,7 +122,7 @@ pub async fn restart(a: RestartArgs, url: &Option<String>) -> anyhow::Result<i32
     let previous = store.read_rollout().await?;
     let cl = crate::client::controller_client(url)?;
     let r = begin_within(&cl, Duration::from_secs(a.checkpoint_timeout.max(1))).await?;
-    let ms = r.created_at.map(|t| t.epoch_ms).unwrap_or_default();
+    let ms = r.created_at.map(|t| t.epoch_ms()).unwrap_or_default();
     let rec = RolloutRecord {
         phase: RolloutPhase::Pending,
         image,

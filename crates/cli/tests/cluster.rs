@@ -1790,3 +1790,67 @@ fn finished_jobs_are_pruned_after_their_retention_and_running_ones_kept() {
         c.job_state(&live).is_none()
     });
 }
+
+/// Issue 15, acceptance 3: a local scale group with `buffer_slices: 0`, `max_slices: 3` starts
+/// with no slice, backs off when a slice's worker cannot start (and says why), scales to 3
+/// slices under a burst and back to 0 once idle; `cluster vm status` shows each step.
+#[test]
+fn a_local_scale_group_follows_its_demand_and_backs_off_after_a_failed_start() {
+    let yaml = "name: scaling\nplatform: {local: {}}\ncontroller: {local: {port: 0}}\n\
+        defaults: {autoscaler: {scale_down_delay: {seconds: 2}}}\n\
+        scale_groups:\n  cpu:\n    num_vms: 1\n    buffer_slices: 0\n    max_slices: 3\n\
+        \x20   resources: {cpu: 2, ram: 4GB, disk: 10GB, device_type: cpu}\n";
+    let tc = TestCluster::start_local(yaml, 0);
+    let vm = || tc.iris(&["cluster", "vm", "status"]).ok().to_string();
+    let status = vm();
+    assert!(
+        status.contains("Slices: 0/0 ready"),
+        "starts with no slice:\n{status}"
+    );
+
+    // Every worker's cache dir is under state/workers: a file there makes each start fail.
+    let blocker = tc.state_dir.join("workers");
+    std::fs::write(&blocker, "not a directory").expect("blocker");
+    let first = tc.submit("first", &["--cpu", "2"], &["true"]);
+    wait_until(SHORT, "the group to back off", || {
+        let s = vm();
+        s.contains("Availability: backoff") && s.contains("failed slice start")
+    });
+    let s = vm();
+    assert!(s.contains("Not a directory"), "the reason is shown:\n{s}");
+    let r: Value = tc.controller_rpc("get-autoscaler-status", json!({}));
+    assert_eq!(r["status"]["groups"][0]["consecutive_failures"], 1, "{r}");
+    std::fs::remove_file(&blocker).expect("unblock");
+    tc.wait_job(&first, "succeeded");
+
+    // A burst of four 2-core jobs: three slices (the maximum), the fourth job waits its turn.
+    let burst: Vec<String> = (0..4)
+        .map(|i| tc.submit(&format!("burst-{i}"), &["--cpu", "2"], &["sleep", "4"]))
+        .collect();
+    wait_until(SHORT, "three ready slices", || {
+        let s = vm();
+        s.contains("Slices: 3/3 ready") && s.contains("READY (in_use)")
+    });
+    for j in &burst {
+        tc.wait_job(j, "succeeded");
+    }
+    wait_until(SHORT, "every idle slice to stop", || {
+        vm().contains("Slices: 0/0 ready")
+    });
+
+    let r: Value = tc.controller_rpc("get-autoscaler-status", json!({}));
+    let kinds: Vec<&str> = r["status"]["recent_actions"]
+        .as_array()
+        .expect("actions")
+        .iter()
+        .filter_map(|a| a["action_type"].as_str())
+        .collect();
+    for want in ["slice_failed", "scale_up", "slice_ready", "scale_down"] {
+        assert!(kinds.contains(&want), "{want} in {kinds:?}");
+    }
+    let ups = kinds.iter().filter(|k| **k == "scale_up").count();
+    assert!(
+        (4..=5).contains(&ups),
+        "one failed, one for the first job, three for the burst (maybe one reused): {kinds:?}"
+    );
+}

@@ -482,7 +482,9 @@ impl crate::Controller {
             .unwrap_or_default();
         Ok(c::BeginCheckpointResponse {
             checkpoint_path: location,
-            created_at: Some(iris_proto::time::Timestamp { epoch_ms }),
+            created_at: Some(iris_proto::time::Timestamp {
+                epoch_ms: Some(epoch_ms),
+            }),
             job_count: counts[0],
             task_count: counts[1],
             worker_count: counts[2],

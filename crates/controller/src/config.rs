@@ -42,6 +42,9 @@ pub struct GroupCapacity {
     pub attributes: std::collections::BTreeMap<String, iris_types::AttrValue>,
     /// Workers the group can grow to.
     pub max_workers: u32,
+    /// Slices of it are started and stopped by demand (`RunningController::autoscale`);
+    /// `None`: its workers come from elsewhere.
+    pub autoscale: Option<iris_scheduler::autoscale::GroupPolicy>,
 }
 
 impl GroupCapacity {

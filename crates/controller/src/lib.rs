@@ -8,6 +8,7 @@
 mod accounts;
 mod admission;
 pub mod auth;
+mod autoscale;
 pub mod backend;
 pub mod checkpoint;
 mod config;
@@ -29,6 +30,7 @@ mod testutil;
 mod tick;
 mod views;
 
+pub use autoscale::SliceProvider;
 pub use config::{BudgetDefaults, BudgetTier, ControllerConfig, GroupCapacity};
 pub use error::Error;
 
@@ -105,6 +107,8 @@ pub struct Controller {
     upstreams: std::sync::OnceLock<proxy::Upstreams>,
     /// `/metrics`.
     metrics: metrics::Metrics,
+    /// The scale-group autoscaler's state (`crate::autoscale`).
+    autoscale: Mutex<autoscale::State>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -166,6 +170,7 @@ impl Controller {
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),
             confirmed: Mutex::new(std::collections::HashSet::new()),
+            autoscale: Mutex::new(autoscale::State::default()),
             specs: Mutex::new(HashMap::new()),
             pending_reasons: Mutex::new(HashMap::new()),
             generation: std::sync::atomic::AtomicU64::new(0),
@@ -305,6 +310,17 @@ pub struct RunningController {
 impl RunningController {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Runs the scale-group autoscaler with `provider` starting and stopping slices, until
+    /// shutdown. Groups without an autoscale policy are left alone.
+    pub fn autoscale(&self, provider: Arc<dyn SliceProvider>) {
+        // Owned by RunningController: stops when the shutdown channel fires.
+        tokio::spawn(autoscale::run(
+            self.controller.clone(),
+            provider,
+            self.shutdown.subscribe(),
+        ));
     }
 
     /// Stops serving and the background loops.

@@ -100,8 +100,10 @@ pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read) -> Result<Snapshot
     {
         // A worker of a previous run that has not come back gets nothing until it does.
         let confirmed = lock(&ctl.confirmed);
+        // Nor does a worker of a slice being stopped.
+        let draining = ctl.draining();
         for w in &mut workers {
-            w.healthy &= confirmed.contains(&w.id);
+            w.healthy &= confirmed.contains(&w.id) && !draining.contains(&w.id);
         }
     }
     let mut running = Vec::new();
@@ -229,6 +231,9 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         let now = iris_store::now_ms();
         let mut conn = ctl.db();
         let tx = conn.begin()?;
+        // Read under the write lock: a slice being stopped checks, under the same lock, that
+        // nothing was placed on it (`crate::autoscale`).
+        let draining = ctl.draining();
         for p in &plan.preemptions {
             apply::apply_task_event(
                 &tx,
@@ -241,7 +246,11 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             )?;
             touched.insert(p.worker.clone());
         }
-        for a in &plan.assignments {
+        for a in plan
+            .assignments
+            .iter()
+            .filter(|a| !draining.contains(&a.worker))
+        {
             let band = bands.get(&a.task).copied().unwrap_or(Band::Interactive);
             let addr = addresses.get(&a.worker).cloned().unwrap_or_default();
             if apply::assign_task(&tx, &a.task, &a.worker, &addr, &new_uid(), band.code(), now)? {

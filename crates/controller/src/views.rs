@@ -10,7 +10,9 @@ use iris_types::{JobState, TaskState};
 use std::collections::{BTreeMap, HashMap};
 
 fn ts(ms: Option<i64>) -> Option<Timestamp> {
-    ms.map(|epoch_ms| Timestamp { epoch_ms })
+    ms.map(|epoch_ms| Timestamp {
+        epoch_ms: Some(epoch_ms),
+    })
 }
 
 /// The wire `ResourceSpecProto` of a stored request: `device` is always present (an empty

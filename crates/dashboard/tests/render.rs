@@ -79,10 +79,10 @@ fn job_fixture(i: usize, state: i32) -> job::JobStatus {
         job_id: Some(format!("/alice/train-run-with-a-long-name-{i:05}")),
         state: Some(state),
         submitted_at: Some(Timestamp {
-            epoch_ms: NOW - 60_000 - i as i64,
+            epoch_ms: Some(NOW - 60_000 - i as i64),
         }),
         started_at: Some(Timestamp {
-            epoch_ms: NOW - 30_000,
+            epoch_ms: Some(NOW - 30_000),
         }),
         task_count: Some(4),
         task_state_counts: counts,
@@ -177,7 +177,7 @@ fn job_page_shows_tasks_timeline_and_children() {
                 Some(String::new())
             },
             started_at: Some(Timestamp {
-                epoch_ms: NOW - 20_000,
+                epoch_ms: Some(NOW - 20_000),
             }),
             ..Default::default()
         })
@@ -291,10 +291,10 @@ fn task_page_shows_attempts_events_and_logs() {
                 error: Some("Exit code: 3".into()),
                 attempt_uid: Some("0123456789abcdef".into()),
                 started_at: Some(Timestamp {
-                    epoch_ms: NOW - 5000,
+                    epoch_ms: Some(NOW - 5000),
                 }),
                 finished_at: Some(Timestamp {
-                    epoch_ms: NOW - 1000,
+                    epoch_ms: Some(NOW - 1000),
                 }),
                 ..Default::default()
             }],

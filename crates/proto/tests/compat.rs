@@ -186,15 +186,15 @@ fn job_status() {
     assert_eq!(st.state(), job::JobState::Running);
     assert_eq!(
         st.started_at.as_ref().map(|t| t.epoch_ms),
-        Some(1_700_000_000_000)
+        Some(Some(1_700_000_000_000))
     );
     assert_eq!(
         st.finished_at.as_ref().map(|t| t.epoch_ms),
-        Some(1_700_000_900_000)
+        Some(Some(1_700_000_900_000))
     );
     assert_eq!(
         st.submitted_at.as_ref().map(|t| t.epoch_ms),
-        Some(1_699_999_990_000)
+        Some(Some(1_699_999_990_000))
     );
     assert_eq!(st.task_state_counts.len(), 3);
     assert_eq!(st.task_state_counts["running"], 2);
@@ -320,7 +320,7 @@ fn reconcile_response() {
     assert_eq!(resp.observed[1].exit_code, 1);
     assert_eq!(
         resp.observed[1].finished_at.as_ref().map(|t| t.epoch_ms),
-        Some(1_700_000_500_000)
+        Some(Some(1_700_000_500_000))
     );
     assert_eq!(resp.observed[2].state(), job::TaskState::Missing);
     let health = resp.health.as_ref().expect("health");

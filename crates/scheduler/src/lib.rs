@@ -57,6 +57,7 @@
 //! `Constraint`) is `iris-types`'s, shared with federation, backends and the controller; this
 //! crate defines only the snapshot and plan around it.
 
+pub mod autoscale;
 mod availability;
 mod constraint;
 mod engine;

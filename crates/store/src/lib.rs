@@ -8,6 +8,7 @@
 //! `TaskState`/`JobState`.
 
 pub mod apply;
+pub mod autoscale;
 pub mod budgets;
 pub mod checkpoint;
 pub mod endpoints;

@@ -456,6 +456,9 @@ async fn supervise(
     let mut stop_now = false;
     set_state(inner, uid, |a| {
         a.pgid = pgid;
+        if let Some(pg) = pgid {
+            a.container_id = crate::service::container_id(pg);
+        }
         if running {
             a.state = TaskState::Running;
         }

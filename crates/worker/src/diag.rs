@@ -541,7 +541,7 @@ pub(crate) fn process_status(
             .into_iter()
             .map(|l| il::LogEntry {
                 timestamp: Some(iris_proto::time::Timestamp {
-                    epoch_ms: l.epoch_ms,
+                    epoch_ms: Some(l.epoch_ms),
                 }),
                 source: source.clone(),
                 data: l.data,

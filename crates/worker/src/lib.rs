@@ -61,6 +61,9 @@ struct Attempt {
     exit_code: i32,
     error: String,
     pgid: Option<i32>,
+    /// The id reported for the attempt's "container" once its process group exists; kept
+    /// after the group ends (`pgid` is cleared then).
+    container_id: String,
     stop_requested: bool,
     /// Stopped by the worker itself after losing the controller (ends WORKER_FAILED).
     abandoned: bool,

@@ -145,6 +145,7 @@ fn reconcile(
                                     exit_code: 0,
                                     error: String::new(),
                                     pgid: None,
+                                    container_id: String::new(),
                                     stop_requested: false,
                                     abandoned: false,
                                     run_env: None,
@@ -197,7 +198,7 @@ fn reconcile(
                 },
                 exit_code: a.exit_code,
                 error: a.error.clone(),
-                container_id: container_id(a.pgid),
+                container_id: a.container_id.clone(),
                 ..Default::default()
             });
         }
@@ -216,9 +217,9 @@ fn reconcile(
 
 /// The id `task describe` shows for an attempt's "container": its process group, which is what
 /// `kill -- -<pgid>` or `ps -g` act on (the reference's process runtime names a random
-/// `local-<hex>`; ours keeps its prefix and says which group). Empty until the group exists.
-fn container_id(pgid: Option<i32>) -> String {
-    pgid.map(|pg| format!("local-pg{pg}")).unwrap_or_default()
+/// `local-<hex>`; ours keeps its prefix and says which group).
+pub(crate) fn container_id(pgid: i32) -> String {
+    format!("local-pg{pgid}")
 }
 
 #[cfg(test)]

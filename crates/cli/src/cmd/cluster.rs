@@ -124,12 +124,12 @@ async fn status(cl: &iris_rpc::Client) -> anyhow::Result<i32> {
                         .to_string()
                 };
                 vec![
-                    g.name.clone(),
+                    g.name().to_string(),
                     n("booting"),
                     n("initializing"),
                     n("ready"),
                     n("failed"),
-                    g.current_demand.to_string(),
+                    g.current_demand().to_string(),
                 ]
             })
             .collect();

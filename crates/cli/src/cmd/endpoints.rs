@@ -45,7 +45,7 @@ pub(crate) async fn run(cmd: EndpointsCmd, url: Option<String>) -> anyhow::Resul
             .await?;
             let left_h = r
                 .expires_at
-                .map(|t| (t.epoch_ms - now_ms()) as f64 / 3_600_000.0)
+                .map(|t| (t.epoch_ms() - now_ms()) as f64 / 3_600_000.0)
                 .unwrap_or(0.0)
                 .max(0.0);
             println!("Capability URL for {name} (the token is in the path: anyone with the URL can call it):");

@@ -46,33 +46,56 @@ pub(crate) async fn run(cmd: VmCmd, url: &Option<String>) -> anyhow::Result<i32>
             let mut shown = 0;
             for g in groups
                 .iter()
-                .filter(|g| scale_group.as_ref().is_none_or(|want| &g.name == want))
+                .filter(|g| scale_group.as_ref().is_none_or(|want| g.name() == want))
             {
                 shown += 1;
                 let total: i32 = g.slice_state_counts.values().sum();
                 let n = |k: &str| g.slice_state_counts.get(k).copied().unwrap_or(0);
-                println!("\nScale Group: {}", g.name);
-                let accel = match (g.device_type.as_str(), g.device_variant.as_str()) {
+                println!("\nScale Group: {}", g.name());
+                let accel = match (g.device_type(), g.device_variant()) {
                     ("" | "cpu", _) => "cpu".to_string(),
                     (t, v) => format!("{t} {v}"),
                 };
                 println!("  Accelerator: {accel}");
                 println!("  Slices: {}/{total} ready", n("ready"));
                 println!("    Failed: {}", n("failed"));
-                println!("  Demand: {} (peak: {})", g.current_demand, g.peak_demand);
+                println!(
+                    "  Demand: {} (peak: {})",
+                    g.current_demand(),
+                    g.peak_demand()
+                );
+                match (g.availability_status(), g.availability_reason()) {
+                    ("", _) => {}
+                    (status, "") => println!("  Availability: {status}"),
+                    (status, why) => println!("  Availability: {status} ({why})"),
+                }
                 if !g.slices.is_empty() {
                     println!("  Slices:");
                     for s in &g.slices {
-                        println!("    {}: {}", s.slice_id, s.state.to_uppercase());
+                        match s.capacity_status() {
+                            "" => println!("    {}: {}", s.slice_id(), s.state().to_uppercase()),
+                            c => {
+                                println!("    {}: {} ({c})", s.slice_id(), s.state().to_uppercase())
+                            }
+                        }
                         for v in &s.vms {
-                            println!("      {}: {} ({})", v.vm_id, vm_state(v.state), v.address);
+                            if v.address.is_empty() {
+                                println!("      {}: {}", v.vm_id, vm_state(v.state));
+                            } else {
+                                println!(
+                                    "      {}: {} ({})",
+                                    v.vm_id,
+                                    vm_state(v.state),
+                                    v.address
+                                );
+                            }
                         }
                     }
                 }
             }
             if shown == 0 {
                 if let Some(want) = scale_group {
-                    let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+                    let names: Vec<&str> = groups.iter().map(|g| g.name()).collect();
                     anyhow::bail!(
                         "--scale-group {want}: no such scale group; the controller has: {}",
                         names.join(", ")

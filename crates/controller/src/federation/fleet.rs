@@ -15,13 +15,35 @@ impl Controller {
         _req: c::ListBackendsRequest,
     ) -> Result<c::ListBackendsResponse> {
         let mut backends = Vec::new();
-        {
+        let mut fleet = {
             let conn = self.db();
-            let fleet = self.worker_backend(&*conn)?;
-            // A fleet with no daemons next to an in-process backend is not a backend.
-            if fleet.worker_count > 0 || self.backend_list().is_empty() {
-                backends.push(fleet);
+            self.worker_backend(&*conn)?
+        };
+        if !self.autoscale_headroom().is_empty() {
+            // The fleet has an autoscaler: its status, and each group's availability.
+            let status = self
+                .get_autoscaler_status(c::GetAutoscalerStatusRequest::default())
+                .await?
+                .status;
+            let mut health: BTreeMap<String, i32> = BTreeMap::new();
+            for g in status.iter().flat_map(|s| s.groups.iter()) {
+                *health
+                    .entry(g.availability_status().to_string())
+                    .or_default() += 1;
             }
+            fleet.capacity_health = health.into_iter().collect();
+            fleet.has_autoscaler = true;
+            fleet.capabilities.push("autoscaler".into());
+            if let Some(c::BackendStatus {
+                detail: Some(c::backend_status::Detail::Worker(w)),
+            }) = fleet.detail.as_mut()
+            {
+                w.autoscaler = status;
+            }
+        }
+        // A fleet with no daemons next to an in-process backend is not a backend.
+        if fleet.worker_count > 0 || fleet.has_autoscaler || self.backend_list().is_empty() {
+            backends.push(fleet);
         }
         for b in self.backend_list() {
             backends.push(crate::backend::summary(&*b).await?);
@@ -68,6 +90,24 @@ impl Controller {
                     .insert("true".into());
                 variant_of.insert(w.id.clone(), v);
             }
+        }
+        // An autoscaled group can still start slices: their accelerators count as free here
+        // (a hub routes on them; the job waits here for its slice, not there for a peer).
+        let headroom = self.autoscale_headroom();
+        for g in &self.cfg.groups {
+            let (Some(&slices), true) = (headroom.get(&g.name), g.capacity.gpu > 0) else {
+                continue;
+            };
+            let Some(iris_types::AttrValue::Str(v)) = g.attributes.get("device-variant") else {
+                continue;
+            };
+            let v = v.to_lowercase();
+            let per_slice = g.autoscale.as_ref().map(|p| p.num_vms.max(1)).unwrap_or(1);
+            *total.entry(v.clone()).or_default() += g.capacity.gpu * (slices * per_slice) as i64;
+            advertised
+                .entry(format!("availability:{v}"))
+                .or_default()
+                .insert("true".into());
         }
         let mut held: BTreeMap<i32, BTreeMap<String, i64>> = BTreeMap::new();
         let mut committed: BTreeMap<String, i64> = BTreeMap::new();

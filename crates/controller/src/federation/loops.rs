@@ -436,7 +436,7 @@ fn mirrored_endpoints(
 }
 
 fn ms(t: &Option<iris_proto::time::Timestamp>) -> Option<i64> {
-    t.as_ref().map(|t| t.epoch_ms).filter(|m| *m > 0)
+    t.as_ref().map(|t| t.epoch_ms()).filter(|m| *m > 0)
 }
 
 fn mirror_of(d: &c::FederationJobDelta) -> Option<(mirror::MirrorJob, Vec<mirror::MirrorTask>)> {

@@ -252,7 +252,7 @@ impl Controller {
         Ok(c::MintEndpointTokenResponse {
             token,
             expires_at: Some(iris_proto::time::Timestamp {
-                epoch_ms: (now_secs as i64 + ttl) * 1000,
+                epoch_ms: Some((now_secs as i64 + ttl) * 1000),
             }),
             capability_url,
         })

@@ -218,7 +218,7 @@ impl Controller {
                         .into_iter()
                         .map(|l| il::LogEntry {
                             timestamp: Some(iris_proto::time::Timestamp {
-                                epoch_ms: l.epoch_ms,
+                                epoch_ms: Some(l.epoch_ms),
                             }),
                             source: CONTROLLER_SOURCE.into(),
                             data: l.data,
@@ -391,7 +391,7 @@ impl Controller {
                 .filter(|e| e.seq > req.cursor)
                 .map(|e| fl::LogEntry {
                     timestamp: e.timestamp.map(|t| fl::Timestamp {
-                        epoch_ms: t.epoch_ms,
+                        epoch_ms: t.epoch_ms(),
                     }),
                     source: Some(source.to_string()),
                     data: Some(e.data),

@@ -124,5 +124,5 @@ pub(super) fn time_cell(now: i64, ms: Option<i64>) -> Markup {
 }
 
 pub(super) fn ms(t: &Option<iris_proto::time::Timestamp>) -> Option<i64> {
-    t.as_ref().map(|t| t.epoch_ms).filter(|m| *m > 0)
+    t.as_ref().map(|t| t.epoch_ms()).filter(|m| *m > 0)
 }
