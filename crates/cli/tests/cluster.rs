@@ -1818,6 +1818,11 @@ fn a_local_scale_group_follows_its_demand_and_backs_off_after_a_failed_start() {
     });
     let s = vm();
     assert!(s.contains("Not a directory"), "the reason is shown:\n{s}");
+    wait_until(SHORT, "the job to say why it waits", || {
+        let l = tc.iris(&["job", "list"]);
+        l.stdout
+            .contains("Unsatisfied autoscaler demand: scale group 'cpu' is backoff")
+    });
     let r: Value = tc.controller_rpc("get-autoscaler-status", json!({}));
     assert_eq!(r["status"]["groups"][0]["consecutive_failures"], 1, "{r}");
     std::fs::remove_file(&blocker).expect("unblock");

@@ -51,6 +51,9 @@ pub(crate) struct State {
     pub(crate) last_evaluation_ms: i64,
     /// Workers of slices being stopped: offered nothing by the tick.
     pub(crate) draining: HashSet<String>,
+    /// Why a pending task waits, in the autoscaler's words (a slice starting for it, or why
+    /// none can), by task id: shown instead of the scheduler's reason.
+    pub(crate) hints: std::collections::HashMap<String, String>,
 }
 
 impl State {
@@ -254,6 +257,7 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
         }
     }
     let mut to_add: Vec<(String, String)> = Vec::new();
+    let mut hints = std::collections::HashMap::new();
     let mut to_remove: Vec<(String, String, Vec<String>, String)> = Vec::new();
     let mut to_terminate: Vec<String> = Vec::new();
     {
@@ -357,15 +361,36 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
                 .iter()
                 .filter(|s| s.lifecycle == Lifecycle::Booting)
                 .count();
-            if required as usize > booting + d.add.len() {
-                for &u in &need.unabsorbed {
-                    if let Some((ids, res)) = routed_ids[i].get(u) {
-                        unmet.push((
-                            ids.clone(),
-                            res.clone(),
-                            format!("no_capacity: {}={}", g.name, avail.status),
-                        ));
-                    }
+            let starting = booting + d.add.len();
+            let short = required as usize > starting;
+            for &u in &need.unabsorbed {
+                let Some((ids, res)) = routed_ids[i].get(u) else {
+                    continue;
+                };
+                let hint = if short {
+                    let why = d.blocked.clone().unwrap_or_else(|| avail.reason.clone());
+                    unmet.push((
+                        ids.clone(),
+                        res.clone(),
+                        format!("no_capacity: {}={}", g.name, avail.status),
+                    ));
+                    let why = if why.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({why})")
+                    };
+                    format!(
+                        "Unsatisfied autoscaler demand: scale group '{}' is {}{why}",
+                        g.name, avail.status
+                    )
+                } else {
+                    format!(
+                        "Waiting for worker scale-up in scale group '{}' ({starting} slice(s) requested)",
+                        g.name
+                    )
+                };
+                for t in ids {
+                    hints.insert(t.clone(), hint.clone());
                 }
             }
             for reason in d.add {
@@ -382,6 +407,16 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
             }
             for (kind, slice, reason, status) in events {
                 st.act(kind, &g.name, &slice, reason, status);
+            }
+        }
+        for (ids, _, why) in &unmet {
+            if why.is_empty() {
+                for t in ids {
+                    hints.insert(
+                        t.clone(),
+                        "Unsatisfied autoscaler demand: no scale group can host it".to_string(),
+                    );
+                }
             }
         }
         let unmet_entries = unmet
@@ -402,6 +437,7 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
                 },
             })
             .collect();
+        st.hints = hints;
         st.routing = Some(vm::RoutingDecision {
             group_to_launch: launch,
             group_statuses: statuses,

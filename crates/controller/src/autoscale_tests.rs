@@ -18,6 +18,17 @@ struct Fake {
     stopped: Mutex<Vec<String>>,
 }
 
+impl Fake {
+    fn new(ctl: &Arc<Controller>, fail: bool) -> Fake {
+        Fake {
+            ctl: ctl.clone(),
+            fail: AtomicBool::new(fail),
+            created: Mutex::new(Vec::new()),
+            stopped: Mutex::new(Vec::new()),
+        }
+    }
+}
+
 impl SliceProvider for Fake {
     fn create<'a>(
         &'a self,
@@ -82,12 +93,7 @@ async fn slices_follow_demand_and_an_idle_one_stops_only_when_nothing_runs_on_it
     let t = controller_with(|c| c.groups = vec![group()]);
     let ctl = t.ctl.clone();
     lock(&ctl.autoscale).enabled = true;
-    let fake = Fake {
-        ctl: ctl.clone(),
-        fail: AtomicBool::new(false),
-        created: Mutex::new(Vec::new()),
-        stopped: Mutex::new(Vec::new()),
-    };
+    let fake = Fake::new(&ctl, false);
     let job = launch(&ctl, request("/alice/one", 1, 4000)).await;
     evaluate(&ctl, &fake).await.expect("evaluate");
     assert_eq!(
@@ -154,12 +160,7 @@ async fn a_failed_start_backs_off_and_the_group_says_why() {
     let t = controller_with(|c| c.groups = vec![group()]);
     let ctl = t.ctl.clone();
     lock(&ctl.autoscale).enabled = true;
-    let fake = Fake {
-        ctl: ctl.clone(),
-        fail: AtomicBool::new(true),
-        created: Mutex::new(Vec::new()),
-        stopped: Mutex::new(Vec::new()),
-    };
+    let fake = Fake::new(&ctl, true);
     launch(&ctl, request("/alice/one", 1, 4000)).await;
     evaluate(&ctl, &fake).await.expect("evaluate");
     fake.fail.store(false, Ordering::SeqCst);

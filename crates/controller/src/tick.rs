@@ -259,7 +259,15 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         }
         tx.commit()?;
     }
-    *lock(&ctl.pending_reasons) = plan.pending_reasons.into_iter().collect();
+    let mut reasons: std::collections::HashMap<String, String> =
+        plan.pending_reasons.into_iter().collect();
+    // A task the autoscaler is bringing capacity up for (or cannot) says so instead.
+    for (task, hint) in lock(&ctl.autoscale).hints.iter() {
+        if let Some(r) = reasons.get_mut(task) {
+            r.clone_from(hint);
+        }
+    }
+    *lock(&ctl.pending_reasons) = reasons;
     Ok(touched)
 }
 
