@@ -58,11 +58,14 @@ pub fn report(path: Option<&Path>) -> anyhow::Result<i32> {
             Some((t, v, n)) => format!("{t} {v} x{n}"),
             None => "cpu".into(),
         };
+        let slices = match &g.autoscale {
+            Some(p) => format!("slices={}-{}", p.buffer_slices, p.max_slices),
+            None => "slices=1 (fixed)".into(),
+        };
         println!(
-            "  {:24} vms={} max_slices={} cpu={} memory={} disk={} device={device}",
+            "  {:24} vms={} {slices} cpu={} memory={} disk={} device={device}",
             g.name,
             g.count,
-            g.max,
             g.cpu,
             gib(g.memory),
             gib(g.disk),
