@@ -136,6 +136,9 @@ fn short_hex() -> String {
 struct Observed {
     /// Healthy, confirmed workers.
     live: BTreeSet<String>,
+    /// Every worker with a row, healthy or not (a worker is lost once the controller has
+    /// declared it failed and removed its row, after its grace).
+    present: BTreeSet<String>,
     /// Workers running or building something.
     busy: BTreeSet<String>,
     /// Room left on each live worker.
@@ -153,6 +156,7 @@ fn observe(ctl: &Controller, groups: &[&crate::GroupCapacity]) -> crate::error::
         .filter(|w| w.healthy && confirmed.contains(&w.id))
         .map(|w| w.id.clone())
         .collect();
+    let present: BTreeSet<String> = workers.iter().map(|w| w.id.clone()).collect();
     let mut free: BTreeMap<String, Resources> = workers
         .iter()
         .filter(|w| live.contains(&w.id))
@@ -218,6 +222,7 @@ fn observe(ctl: &Controller, groups: &[&crate::GroupCapacity]) -> crate::error::
     }
     Ok(Observed {
         live,
+        present,
         busy,
         free,
         pending,
@@ -259,7 +264,7 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
     let mut to_add: Vec<(String, String)> = Vec::new();
     let mut hints = std::collections::HashMap::new();
     let mut to_remove: Vec<(String, String, Vec<String>, String)> = Vec::new();
-    let mut to_terminate: Vec<String> = Vec::new();
+    let mut to_terminate: Vec<(String, Vec<String>)> = Vec::new();
     {
         let mut st = lock(&ctl.autoscale);
         let mut statuses = Vec::new();
@@ -271,7 +276,8 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
             let mut events: Vec<(&str, String, String, &str)> = Vec::new();
             let gs = st.groups.entry(g.name.clone()).or_default();
             // Booting slices whose workers all registered are ready; a slice that lost a
-            // worker, or never brought them all up, is gone.
+            // worker (declared failed after its grace, so its row is gone), or never brought
+            // them all up, is gone. A worker that is only unhealthy for now keeps its slice.
             let mut kept = Vec::new();
             for mut s in std::mem::take(&mut gs.slices) {
                 let up = s.workers.iter().filter(|w| obs.live.contains(*w)).count();
@@ -297,14 +303,14 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
                         );
                         gs.record_failure(why.clone(), now);
                         events.push(("slice_failed", s.id.clone(), why, "failed"));
-                        to_terminate.push(s.id.clone());
+                        to_terminate.push((s.id.clone(), s.workers.clone()));
                         continue;
                     }
-                    Lifecycle::Ready if up < s.workers.len() => {
+                    Lifecycle::Ready if s.workers.iter().any(|w| !obs.present.contains(w)) => {
                         let lost: Vec<&str> = s
                             .workers
                             .iter()
-                            .filter(|w| !obs.live.contains(*w))
+                            .filter(|w| !obs.present.contains(*w))
                             .map(String::as_str)
                             .collect();
                         events.push((
@@ -313,7 +319,7 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
                             format!("workers failed: {}", lost.join(", ")),
                             "completed",
                         ));
-                        to_terminate.push(s.id.clone());
+                        to_terminate.push((s.id.clone(), s.workers.clone()));
                         continue;
                     }
                     _ => {}
@@ -446,8 +452,18 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
         });
         st.last_evaluation_ms = now;
     }
-    for id in to_terminate {
+    for (id, workers) in to_terminate {
         provider.terminate(&id).await;
+        // Its workers went with it: what they ran is lost now, not after their grace.
+        {
+            let mut conn = ctl.db();
+            let tx = conn.begin()?;
+            for w in &workers {
+                iris_store::apply::fail_worker(&tx, w, iris_store::now_ms())?;
+            }
+            tx.commit()?;
+        }
+        ctl.wake();
     }
     let mut failed_groups: BTreeSet<String> = BTreeSet::new();
     for (group, reason) in to_add {

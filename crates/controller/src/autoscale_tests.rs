@@ -191,3 +191,35 @@ async fn a_failed_start_backs_off_and_the_group_says_why() {
     let rows = iris_store::autoscale::groups(&*ctl.db()).expect("groups table");
     assert_eq!(rows[0].consecutive_failures, 1);
 }
+
+#[tokio::test]
+async fn a_slice_whose_worker_was_declared_lost_is_stopped() {
+    let t = controller_with(|c| c.groups = vec![group()]);
+    let ctl = t.ctl.clone();
+    lock(&ctl.autoscale).enabled = true;
+    let fake = Fake::new(&ctl, false);
+    launch(&ctl, request("/alice/one", 1, 4000)).await;
+    evaluate(&ctl, &fake).await.expect("evaluate");
+    evaluate(&ctl, &fake).await.expect("evaluate");
+    let (slice, workers, _) = slices(&ctl).remove(0);
+    // The controller declares the worker failed (its grace ran out): its row goes.
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        iris_store::apply::fail_worker(&tx, &workers[0], iris_store::now_ms()).expect("fail");
+        tx.commit().expect("commit");
+    }
+    evaluate(&ctl, &fake).await.expect("evaluate");
+    assert_eq!(*lock(&fake.stopped), vec![slice]);
+    let st = lock(&ctl.autoscale);
+    let last = st
+        .actions
+        .iter()
+        .rev()
+        .find(|a| a.action_type() == "worker_failed");
+    assert!(
+        last.is_some_and(|a| a.reason().contains(&workers[0])),
+        "{:?}",
+        st.actions
+    );
+}
