@@ -330,7 +330,6 @@ pub(crate) fn plan_groups(cfg: &config::ClusterConfig) -> anyhow::Result<Vec<Gro
         let autoscale = g
             .max_slices
             .map(|max| iris_scheduler::autoscale::GroupPolicy {
-                name: name.clone(),
                 num_vms: per_slice,
                 buffer_slices: g.buffer_slices.unwrap_or(0),
                 max_slices: max,

@@ -12,7 +12,7 @@
 use crate::{lock, Controller};
 use futures::future::BoxFuture;
 use iris_proto::vm;
-use iris_scheduler::autoscale::{self as rule, Demand, GroupState, Lifecycle, Slice};
+use iris_scheduler::autoscale::{self as rule, Demand, Lifecycle, Slice, SliceChange};
 use iris_types::Resources;
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::Arc;
@@ -20,8 +20,6 @@ use std::time::Duration;
 
 /// How often the autoscaler evaluates.
 const EVALUATE_EVERY: Duration = Duration::from_secs(1);
-/// A slice whose workers have not all registered by then failed to start.
-const BOOT_TIMEOUT_MS: i64 = 120_000;
 /// Actions kept for `GetAutoscalerStatus` (the reference's 100).
 const ACTIONS_KEPT: usize = 100;
 
@@ -45,7 +43,7 @@ pub trait SliceProvider: Send + Sync {
 pub(crate) struct State {
     /// True once a provider runs the loop: groups are then reported from here.
     pub(crate) enabled: bool,
-    pub(crate) groups: BTreeMap<String, GroupState>,
+    pub(crate) groups: BTreeMap<String, rule::GroupState>,
     pub(crate) actions: VecDeque<vm::AutoscalerAction>,
     pub(crate) routing: Option<vm::RoutingDecision>,
     pub(crate) last_evaluation_ms: i64,
@@ -143,8 +141,9 @@ struct Observed {
     busy: BTreeSet<String>,
     /// Room left on each live worker.
     free: BTreeMap<String, Resources>,
-    /// Pending demand: (routing candidates' index into the groups, demand, task ids).
-    pending: Vec<(Vec<usize>, Demand, Vec<String>, iris_types::Resources)>,
+    /// Pending demand: the groups that could host it (indices, in routing order), the demand
+    /// and its task ids.
+    pending: Vec<(Vec<usize>, Demand, Vec<String>)>,
 }
 
 fn observe(ctl: &Controller, groups: &[&crate::GroupCapacity]) -> crate::error::Result<Observed> {
@@ -167,10 +166,7 @@ fn observe(ctl: &Controller, groups: &[&crate::GroupCapacity]) -> crate::error::
         busy.insert(h.worker_id.clone());
         if let (Some(room), Some(spec)) = (free.get_mut(&h.worker_id), ctl.spec(&*conn, &h.job_id)?)
         {
-            room.cpu_millicores -= spec.resources.cpu_millicores.max(0);
-            room.memory_bytes -= spec.resources.memory_bytes.max(0);
-            room.gpu -= spec.resources.gpu.max(0);
-            room.tpu -= spec.resources.tpu.max(0);
+            rule::take(room, &spec.resources);
         }
     }
     // One unit of demand per task, one per coscheduled job (its pending tasks together).
@@ -179,14 +175,14 @@ fn observe(ctl: &Controller, groups: &[&crate::GroupCapacity]) -> crate::error::
         .map(|g| g.worker(format!("{}-template", g.name)))
         .collect();
     let mut gangs: BTreeMap<String, usize> = BTreeMap::new();
-    let mut pending: Vec<(Vec<usize>, Demand, Vec<String>, Resources)> = Vec::new();
+    let mut pending: Vec<(Vec<usize>, Demand, Vec<String>)> = Vec::new();
     for w in iris_store::snapshot::waiting(&*conn)? {
         let Some(spec) = ctl.spec(&*conn, &w.job_id)? else {
             continue;
         };
         if spec.group_by.is_some() {
             if let Some(&i) = gangs.get(&w.job_id) {
-                let (_, Demand::Gang { size, .. }, ids, _) = &mut pending[i] else {
+                let (_, Demand::Gang { size, .. }, ids) = &mut pending[i] else {
                     continue;
                 };
                 *size += 1;
@@ -197,16 +193,7 @@ fn observe(ctl: &Controller, groups: &[&crate::GroupCapacity]) -> crate::error::
         let candidates: Vec<usize> = templates
             .iter()
             .enumerate()
-            .filter(|(_, t)| {
-                iris_scheduler::feasible_anywhere(
-                    &spec.resources,
-                    &spec.constraints,
-                    None,
-                    1,
-                    std::slice::from_ref(*t),
-                )
-                .is_ok()
-            })
+            .filter(|(_, t)| crate::GroupCapacity::template_runs(t, &spec))
             .map(|(i, _)| i)
             .collect();
         let demand = if spec.group_by.is_some() {
@@ -218,7 +205,7 @@ fn observe(ctl: &Controller, groups: &[&crate::GroupCapacity]) -> crate::error::
         } else {
             Demand::Task(spec.resources.clone())
         };
-        pending.push((candidates, demand, vec![w.task_id], spec.resources.clone()));
+        pending.push((candidates, demand, vec![w.task_id]));
     }
     Ok(Observed {
         live,
@@ -250,19 +237,34 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
     let now = iris_store::now_ms();
     // Route each unit of demand to the first group (by priority, then name) that can host it.
     let mut routed: Vec<Vec<Demand>> = vec![Vec::new(); groups.len()];
-    let mut routed_ids: Vec<Vec<(Vec<String>, Resources)>> = vec![Vec::new(); groups.len()];
-    let mut unmet = Vec::new();
-    for (candidates, demand, ids, res) in obs.pending {
+    let mut routed_ids: Vec<Vec<Vec<String>>> = vec![Vec::new(); groups.len()];
+    // Demand no group can bring capacity up for: task ids, request, reason.
+    let mut unmet: Vec<(Vec<String>, Resources, String)> = Vec::new();
+    let mut hints = std::collections::HashMap::new();
+    let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+    for (candidates, demand, ids) in obs.pending {
         match candidates.first() {
             Some(&i) => {
                 routed[i].push(demand);
-                routed_ids[i].push((ids, res));
+                routed_ids[i].push(ids);
             }
-            None => unmet.push((ids, res, String::new())),
+            None => {
+                for t in &ids {
+                    hints.insert(
+                        t.clone(),
+                        "Unsatisfied autoscaler demand: no scale group can host it".to_string(),
+                    );
+                }
+                let res = demand.resources().clone();
+                let why = format!(
+                    "no_matching_group: no scaling group can host {res} (groups: {})",
+                    names.join(", ")
+                );
+                unmet.push((ids, res, why));
+            }
         }
     }
     let mut to_add: Vec<(String, String)> = Vec::new();
-    let mut hints = std::collections::HashMap::new();
     let mut to_remove: Vec<(String, String, Vec<String>, String)> = Vec::new();
     let mut to_terminate: Vec<(String, Vec<String>)> = Vec::new();
     {
@@ -275,58 +277,35 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
             };
             let mut events: Vec<(&str, String, String, &str)> = Vec::new();
             let gs = st.groups.entry(g.name.clone()).or_default();
-            // Booting slices whose workers all registered are ready; a slice that lost a
-            // worker (declared failed after its grace, so its row is gone), or never brought
-            // them all up, is gone. A worker that is only unhealthy for now keeps its slice.
-            let mut kept = Vec::new();
-            for mut s in std::mem::take(&mut gs.slices) {
-                let up = s.workers.iter().filter(|w| obs.live.contains(*w)).count();
-                match s.lifecycle {
-                    Lifecycle::Booting if up == s.workers.len() => {
-                        s.lifecycle = Lifecycle::Ready;
-                        s.quiet_since_ms = None;
-                        gs.consecutive_failures = 0;
-                        gs.backoff_until_ms = 0;
-                        events.push((
-                            "slice_ready",
-                            s.id.clone(),
-                            format!("bootstrap completed ({} workers)", s.workers.len()),
-                            "completed",
-                        ));
+            for change in
+                gs.observe_workers(|w| obs.live.contains(w), |w| obs.present.contains(w), now)
+            {
+                match change {
+                    SliceChange::Ready { slice, workers } => events.push((
+                        "slice_ready",
+                        slice,
+                        format!("bootstrap completed ({workers} workers)"),
+                        "completed",
+                    )),
+                    SliceChange::BootTimedOut {
+                        slice,
+                        workers,
+                        why,
+                    } => {
+                        events.push(("slice_failed", slice.clone(), why, "failed"));
+                        to_terminate.push((slice, workers));
                     }
-                    Lifecycle::Booting if now - s.created_at_ms > BOOT_TIMEOUT_MS => {
-                        let why = format!(
-                            "{} of {} workers registered within {}s",
-                            up,
-                            s.workers.len(),
-                            BOOT_TIMEOUT_MS / 1000
-                        );
-                        gs.record_failure(why.clone(), now);
-                        events.push(("slice_failed", s.id.clone(), why, "failed"));
-                        to_terminate.push((s.id.clone(), s.workers.clone()));
-                        continue;
+                    SliceChange::Lost {
+                        slice,
+                        workers,
+                        lost,
+                    } => {
+                        let why = format!("workers failed: {}", lost.join(", "));
+                        events.push(("worker_failed", slice.clone(), why, "completed"));
+                        to_terminate.push((slice, workers));
                     }
-                    Lifecycle::Ready if s.workers.iter().any(|w| !obs.present.contains(w)) => {
-                        let lost: Vec<&str> = s
-                            .workers
-                            .iter()
-                            .filter(|w| !obs.present.contains(*w))
-                            .map(String::as_str)
-                            .collect();
-                        events.push((
-                            "worker_failed",
-                            s.id.clone(),
-                            format!("workers failed: {}", lost.join(", ")),
-                            "completed",
-                        ));
-                        to_terminate.push((s.id.clone(), s.workers.clone()));
-                        continue;
-                    }
-                    _ => {}
                 }
-                kept.push(s);
             }
-            gs.slices = kept;
             gs.observe_activity(|w| obs.busy.contains(w), now);
             let mine: BTreeSet<&String> = gs.slices.iter().flat_map(|s| s.workers.iter()).collect();
             let free: Vec<Resources> = obs
@@ -362,22 +341,17 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
             });
             launch.insert(g.name.clone(), d.add.len() as i32);
             // Demand this group cannot bring up capacity for, even with what is starting.
-            let booting = gs
-                .slices
-                .iter()
-                .filter(|s| s.lifecycle == Lifecycle::Booting)
-                .count();
-            let starting = booting + d.add.len();
+            let starting = gs.booting() as usize + d.add.len();
             let short = required as usize > starting;
             for &u in &need.unabsorbed {
-                let Some((ids, res)) = routed_ids[i].get(u) else {
+                let (Some(ids), Some(demand)) = (routed_ids[i].get(u), routed[i].get(u)) else {
                     continue;
                 };
                 let hint = if short {
                     let why = d.blocked.clone().unwrap_or_else(|| avail.reason.clone());
                     unmet.push((
                         ids.clone(),
-                        res.clone(),
+                        demand.resources().clone(),
                         format!("no_capacity: {}={}", g.name, avail.status),
                     ));
                     let why = if why.is_empty() {
@@ -415,32 +389,11 @@ async fn evaluate(ctl: &Arc<Controller>, provider: &dyn SliceProvider) -> crate:
                 st.act(kind, &g.name, &slice, reason, status);
             }
         }
-        for (ids, _, why) in &unmet {
-            if why.is_empty() {
-                for t in ids {
-                    hints.insert(
-                        t.clone(),
-                        "Unsatisfied autoscaler demand: no scale group can host it".to_string(),
-                    );
-                }
-            }
-        }
         let unmet_entries = unmet
             .into_iter()
-            .map(|(ids, res, why)| vm::UnmetDemand {
+            .map(|(ids, res, reason)| vm::UnmetDemand {
                 entry: Some(demand_entry(ids, &res)),
-                reason: if why.is_empty() {
-                    format!(
-                        "no_matching_group: no scaling group can host {res} (groups: {})",
-                        groups
-                            .iter()
-                            .map(|g| g.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                } else {
-                    why
-                },
+                reason,
             })
             .collect();
         st.hints = hints;

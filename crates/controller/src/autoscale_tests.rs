@@ -65,7 +65,6 @@ fn group() -> GroupCapacity {
         .collect(),
         max_workers: 2,
         autoscale: Some(GroupPolicy {
-            name: "cpu".into(),
             num_vms: 1,
             buffer_slices: 0,
             max_slices: 2,

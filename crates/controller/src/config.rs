@@ -48,6 +48,22 @@ pub struct GroupCapacity {
 }
 
 impl GroupCapacity {
+    /// Whether `template` (one of the group's workers, [`GroupCapacity::worker`]) could run a
+    /// task of `spec`, by its resources and constraints.
+    pub(crate) fn template_runs(
+        template: &iris_scheduler::Worker,
+        spec: &crate::spec::JobSpec,
+    ) -> bool {
+        iris_scheduler::feasible_anywhere(
+            &spec.resources,
+            &spec.constraints,
+            None,
+            1,
+            std::slice::from_ref(template),
+        )
+        .is_ok()
+    }
+
     /// One of the group's workers as the scheduler sees it: healthy, not pooled.
     pub(crate) fn worker(&self, id: String) -> iris_scheduler::Worker {
         let device_variant = match self.attributes.get("device-variant") {

@@ -11,18 +11,19 @@
 //! shown as `backoff_until` with the error) instead of the reference's decaying health score, so
 //! an operator sees when it will try again and why.
 
+use crate::model::ResourcesExt;
 use iris_types::Resources;
 
 /// First wait after a failed slice start; doubles with each consecutive failure.
 pub const BACKOFF_BASE_MS: i64 = 5_000;
 /// Longest wait between attempts to start a slice.
 pub const BACKOFF_MAX_MS: i64 = 300_000;
+/// A slice whose workers have not all registered by then failed to start.
+pub const BOOT_TIMEOUT_MS: i64 = 120_000;
 
 /// A scale group's limits, from its config.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GroupPolicy {
-    /// Group name.
-    pub name: String,
     /// Workers (VMs) per slice.
     pub num_vms: u32,
     /// Slices kept beyond the demand.
@@ -88,9 +89,91 @@ pub struct GroupState {
     pub peak_demand: u32,
 }
 
+/// What became of a slice when its workers were looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SliceChange {
+    /// Every worker of the booting slice registered: it is ready.
+    Ready { slice: String, workers: usize },
+    /// Not all of its workers registered within [`BOOT_TIMEOUT_MS`]: it failed to start.
+    BootTimedOut {
+        slice: String,
+        workers: Vec<String>,
+        why: String,
+    },
+    /// Workers of the ready slice were declared lost (their rows are gone): the slice goes.
+    Lost {
+        slice: String,
+        workers: Vec<String>,
+        lost: Vec<String>,
+    },
+}
+
 impl GroupState {
     fn count(&self, l: Lifecycle) -> u32 {
         self.slices.iter().filter(|s| s.lifecycle == l).count() as u32
+    }
+
+    /// Slices started whose workers have not all registered yet.
+    pub fn booting(&self) -> u32 {
+        self.count(Lifecycle::Booting)
+    }
+
+    /// Moves the slices on from what is seen of their workers at `now_ms`: `live` (registered
+    /// and healthy) and `present` (still has a row; a worker that is only unhealthy for now
+    /// keeps its slice). A booting slice whose workers are all live is ready (and the group's
+    /// failures are forgiven); one that is not by [`BOOT_TIMEOUT_MS`] failed to start (a
+    /// failure, backing off); a ready one that lost a worker goes. Slices that go are removed
+    /// here; the caller stops them.
+    pub fn observe_workers(
+        &mut self,
+        live: impl Fn(&str) -> bool,
+        present: impl Fn(&str) -> bool,
+        now_ms: i64,
+    ) -> Vec<SliceChange> {
+        let mut changes = Vec::new();
+        let mut kept = Vec::new();
+        for mut s in std::mem::take(&mut self.slices) {
+            let up = s.workers.iter().filter(|w| live(w)).count();
+            let lost: Vec<String> = s.workers.iter().filter(|w| !present(w)).cloned().collect();
+            match s.lifecycle {
+                Lifecycle::Booting if up == s.workers.len() => {
+                    s.lifecycle = Lifecycle::Ready;
+                    s.quiet_since_ms = None;
+                    self.consecutive_failures = 0;
+                    self.backoff_until_ms = 0;
+                    changes.push(SliceChange::Ready {
+                        slice: s.id.clone(),
+                        workers: s.workers.len(),
+                    });
+                }
+                Lifecycle::Booting if now_ms - s.created_at_ms > BOOT_TIMEOUT_MS => {
+                    let why = format!(
+                        "{up} of {} workers registered within {}s",
+                        s.workers.len(),
+                        BOOT_TIMEOUT_MS / 1000
+                    );
+                    self.record_failure(why.clone(), now_ms);
+                    changes.push(SliceChange::BootTimedOut {
+                        slice: s.id,
+                        workers: s.workers,
+                        why,
+                    });
+                    continue;
+                }
+                Lifecycle::Ready if !lost.is_empty() => {
+                    changes.push(SliceChange::Lost {
+                        slice: s.id,
+                        workers: s.workers,
+                        lost,
+                    });
+                    continue;
+                }
+                _ => {}
+            }
+            kept.push(s);
+        }
+        self.slices = kept;
+        changes
     }
 
     /// Records which slices ran something at `now_ms`: a slice is quiet from the first
@@ -246,6 +329,16 @@ pub enum Demand {
     Gang { size: u32, each: Resources },
 }
 
+impl Demand {
+    /// What one of its tasks asks for.
+    pub fn resources(&self) -> &Resources {
+        match self {
+            Demand::Task(r) => r,
+            Demand::Gang { each, .. } => each,
+        }
+    }
+}
+
 /// What a group's demand needs beyond its live workers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Need {
@@ -328,11 +421,10 @@ pub fn required_slices(
     }
 }
 
-fn take(bin: &mut Resources, r: &Resources) {
-    bin.cpu_millicores -= r.cpu_millicores.max(0);
-    bin.memory_bytes -= r.memory_bytes.max(0);
-    bin.gpu -= r.gpu.max(0);
-    bin.tpu -= r.tpu.max(0);
+/// Takes a task's request out of a worker's room (requests are never negative: admission
+/// refuses them).
+pub fn take(room: &mut Resources, r: &Resources) {
+    room.sub(r);
 }
 
 #[cfg(test)]
@@ -341,7 +433,6 @@ mod tests {
 
     fn policy(buffer: u32, max: u32) -> GroupPolicy {
         GroupPolicy {
-            name: "cpu".into(),
             num_vms: 1,
             buffer_slices: buffer,
             max_slices: max,
@@ -453,6 +544,55 @@ mod tests {
         assert!(decide(&p, &s, &waiting, 2_100).remove.is_empty());
         // With demand for two, one idle slice stays beside the busy one.
         assert_eq!(decide(&p, &s, &Need::slices(2), 2_100).remove.len(), 1);
+    }
+
+    #[test]
+    fn slices_become_ready_time_out_or_go_with_a_lost_worker() {
+        let mut s = GroupState {
+            slices: vec![
+                slice("up", Lifecycle::Booting, None),
+                slice("slow", Lifecycle::Booting, None),
+                slice("ready", Lifecycle::Ready, None),
+                slice("sick", Lifecycle::Ready, None),
+            ],
+            consecutive_failures: 2,
+            backoff_until_ms: 50,
+            ..GroupState::default()
+        };
+        let live = |w: &str| w == "worker-up" || w == "worker-ready";
+        let present = |w: &str| w != "worker-ready";
+        // Before the boot timeout the slow one keeps booting; the sick one (unhealthy, still
+        // present) keeps its place.
+        let changes = s.observe_workers(live, present, 1_000);
+        assert_eq!(
+            changes,
+            [
+                SliceChange::Ready {
+                    slice: "up".into(),
+                    workers: 1
+                },
+                SliceChange::Lost {
+                    slice: "ready".into(),
+                    workers: vec!["worker-ready".into()],
+                    lost: vec!["worker-ready".into()]
+                },
+            ]
+        );
+        assert_eq!(
+            (s.consecutive_failures, s.backoff_until_ms),
+            (0, 0),
+            "a ready slice forgives"
+        );
+        let ids: Vec<&str> = s.slices.iter().map(|x| x.id.as_str()).collect();
+        assert_eq!(ids, ["up", "slow", "sick"]);
+        let changes = s.observe_workers(live, present, BOOT_TIMEOUT_MS + 1);
+        assert!(
+            matches!(&changes[..], [SliceChange::BootTimedOut { slice, why, .. }]
+                if slice == "slow" && why == "0 of 1 workers registered within 120s"),
+            "{changes:?}"
+        );
+        assert_eq!(s.consecutive_failures, 1, "a timed-out start is a failure");
+        assert_eq!(s.booting(), 0);
     }
 
     #[test]

@@ -15,11 +15,12 @@ impl Controller {
         _req: c::ListBackendsRequest,
     ) -> Result<c::ListBackendsResponse> {
         let mut backends = Vec::new();
+        let headroom = self.autoscale_headroom();
         let mut fleet = {
             let conn = self.db();
-            self.worker_backend(&*conn)?
+            self.worker_backend(&*conn, &headroom)?
         };
-        if !self.autoscale_headroom().is_empty() {
+        if !headroom.is_empty() {
             // The fleet has an autoscaler: its status, and each group's availability.
             let status = self
                 .get_autoscaler_status(c::GetAutoscalerStatusRequest::default())
@@ -59,7 +60,12 @@ impl Controller {
     /// availability per variant. Unlike the reference's worker backend, `held_by_band` is
     /// reported (GPUs held by running attempts, by band), so a hub can see what a higher band
     /// could reclaim here by preemption.
-    fn worker_backend(&self, conn: &impl iris_store::Read) -> Result<c::BackendSummary> {
+    /// `headroom`: slices each autoscaled group can still start.
+    fn worker_backend(
+        &self,
+        conn: &impl iris_store::Read,
+        headroom: &BTreeMap<String, u32>,
+    ) -> Result<c::BackendSummary> {
         let workers = crate::tick::load_workers(conn)?;
         let mut advertised: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut total: BTreeMap<String, i64> = BTreeMap::new();
@@ -93,7 +99,6 @@ impl Controller {
         }
         // An autoscaled group can still start slices: their accelerators count as free here
         // (a hub routes on them; the job waits here for its slice, not there for a peer).
-        let headroom = self.autoscale_headroom();
         for g in &self.cfg.groups {
             let (Some(&slices), true) = (headroom.get(&g.name), g.capacity.gpu > 0) else {
                 continue;

@@ -78,13 +78,23 @@ impl Controller {
         &self,
         _req: c::GetAutoscalerStatusRequest,
     ) -> Result<c::GetAutoscalerStatusResponse> {
+        // Autoscaled groups report the autoscaler's demand; only the others need the pending
+        // tasks read here.
+        let enabled = crate::lock(&self.autoscale).enabled;
+        let counts_demand = self
+            .cfg
+            .groups
+            .iter()
+            .any(|g| g.autoscale.is_none() || !enabled);
         let conn = self.db();
         let workers = views::workers(&*conn)?;
         // The pending tasks' requirements, one entry per task.
         let mut pending = Vec::new();
-        for w in iris_store::snapshot::waiting(&*conn)? {
-            if let Some(spec) = self.spec(&*conn, &w.job_id)? {
-                pending.push(spec);
+        if counts_demand {
+            for w in iris_store::snapshot::waiting(&*conn)? {
+                if let Some(spec) = self.spec(&*conn, &w.job_id)? {
+                    pending.push(spec);
+                }
             }
         }
         drop(conn);
@@ -108,41 +118,26 @@ impl Controller {
             let dtype = attr(g, "device-type");
             let variant = attr(g, "device-variant");
             let region = attr(g, "region");
-            if let (Some(policy), true) = (&g.autoscale, auto.enabled) {
-                let empty = Default::default();
-                let gs = auto.groups.get(&g.name).unwrap_or(&empty);
-                demand_total.insert(g.name.clone(), gs.current_demand as i32);
-                let names = GroupNames {
-                    name: &g.name,
-                    device_type: &dtype,
-                    device_variant: &variant,
-                    region: &region,
-                };
-                groups.push(autoscaled_status(names, policy, gs, &by_id, now));
-                continue;
-            }
-            let template = [g.worker(format!("{}-template", g.name))];
-            let demand = pending
-                .iter()
-                .filter(|s| {
-                    iris_scheduler::feasible_anywhere(
-                        &s.resources,
-                        &s.constraints,
-                        None,
-                        1,
-                        &template,
-                    )
-                    .is_ok()
-                })
-                .count() as i32;
-            demand_total.insert(g.name.clone(), demand);
-            let members = by_group.get(&g.name).cloned().unwrap_or_default();
             let names = GroupNames {
                 name: &g.name,
                 device_type: &dtype,
                 device_variant: &variant,
                 region: &region,
             };
+            if let (Some(policy), true) = (&g.autoscale, auto.enabled) {
+                let empty = Default::default();
+                let gs = auto.groups.get(&g.name).unwrap_or(&empty);
+                demand_total.insert(g.name.clone(), gs.current_demand as i32);
+                groups.push(autoscaled_status(names, policy, gs, &by_id, now));
+                continue;
+            }
+            let template = g.worker(format!("{}-template", g.name));
+            let demand = pending
+                .iter()
+                .filter(|s| crate::GroupCapacity::template_runs(&template, s))
+                .count() as i32;
+            demand_total.insert(g.name.clone(), demand);
+            let members = by_group.get(&g.name).cloned().unwrap_or_default();
             groups.push(group_status(names, demand, &members));
         }
         // Groups that only worker daemons name (`iris worker serve --scale-group G`).
