@@ -22,6 +22,7 @@ const PROTO_FILES: &[&str] = &[
     "iris/inspect.proto",
     "iris/actor.proto",
     "finelog/logging.proto",
+    "finelog/stats.proto",
 ];
 
 /// The messages whose singular fields have explicit presence so far. The
@@ -53,6 +54,7 @@ const EXPLICIT_PRESENCE: &[&str] = &[
     ".iris.vm.GroupRoutingStatus",
     ".iris.vm.ResourceSpec",
     ".finelog.logging.LogEntry",
+    ".finelog.stats.GetTableStatusResponse",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

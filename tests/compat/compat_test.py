@@ -46,6 +46,59 @@ class Result:
         return f"`iris {' '.join(self.args)}` exited {self.rc}\n--- stdout\n{self.out}--- stderr\n{self.err[-3000:]}"
 
 
+# Every leaf of the published CLI that a step ran (with real arguments), noted by the
+# `subprocess.run` wrapper `main` installs; `every_published_leaf_ran_or_is_listed` checks it.
+RAN_LEAVES = set()
+# The published root's options that take a value (they may precede the command words).
+VALUED_GLOBALS = {"--controller-url", "--config", "--cluster"}
+
+
+def leaf_of(words):
+    """The published leaf command `words` (the argv after the binary) invokes, or None."""
+    leaves = _leaves()
+    path = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        if w.startswith("-"):
+            if path:
+                break
+            skip = w in VALUED_GLOBALS
+            continue
+        path.append(w)
+        joined = " ".join(path)
+        if joined in leaves:
+            return joined
+        if not any(leaf.startswith(joined + " ") for leaf in leaves):
+            return None
+    return None
+
+
+_LEAVES = None
+
+
+def _leaves():
+    global _LEAVES
+    if _LEAVES is None:
+        _LEAVES = published_leaves()
+    return _LEAVES
+
+
+def install_leaf_ledger():
+    real_run = subprocess.run
+
+    def run(argv, *a, **kw):
+        if isinstance(argv, (list, tuple)) and argv and str(argv[0]) == ARGS.iris:
+            leaf = leaf_of([str(x) for x in argv[1:]])
+            if leaf:
+                RAN_LEAVES.add(leaf)
+        return real_run(argv, *a, **kw)
+
+    subprocess.run = run
+
+
 def iris(*args, timeout=120, stdin=None, cwd=None):
     """Runs the published CLI against our controller from the workspace directory."""
     argv = [ARGS.iris, "--controller-url", ARGS.controller_url, *args]
@@ -340,6 +393,122 @@ def task_describe():
     assert re.search(r"^Root cause:\n  compat-before-exit$", r.out, re.M), r.describe()
     r = iris("task", "describe", f"{job_id('exit3')}/7")
     assert r.rc != 0 and "not found" in r.err.lower(), r.describe()
+
+
+def event_actions(out):
+    """The ACTION column of `task events` / `attempt events` rows, in order."""
+    return [
+        line.split()[4]
+        for line in out.splitlines()
+        if re.match(r"^\d{4}-\d\d-\d\dT", line) and len(line.split()) >= 5
+    ]
+
+
+@step
+def task_events_and_attempt_events_show_each_transition():
+    # The published CLI reads these from finelog's StatsService (`iris.task_event`) through
+    # /proxy/system.log-server, which the controller fills from its own task events.
+    t = f"{job_id('exit3')}/0"
+    # The published CLI orders by `ts` alone, so events in the same millisecond may show in
+    # either order: compared as a set, and the times must not go backwards.
+    want = sorted(["TaskAssigned", "TaskBuilding", "TaskRunning", "TaskFailed"])
+    r = wait_until(
+        f"{t} events",
+        lambda: (r := iris("task", "events", t)).rc == 0 and sorted(event_actions(r.out)) == want and r,
+        timeout=30,
+    )
+    times = re.findall(r"^(\d{4}-\d\d-\d\dT\S+)", r.out, re.M)
+    assert times == sorted(times), r.describe()
+    assert f"Task: {t}" in r.out and "Exit code: 3" in r.out, r.describe()
+    assert re.search(r"\s0\s+Warning\s+iris/worker\s+TaskFailed\s+1\s", r.out), r.describe()
+    r = ok(iris("attempt", "events", f"{t}:0"))
+    assert sorted(event_actions(r.out)) == want, r.describe()
+    r = iris("attempt", "events", f"{t}:5")
+    assert r.rc != 0 and "Attempt 5 not found" in r.err, r.describe()
+
+
+@step
+def stats_tables_round_trip_through_the_published_log_client():
+    import datetime
+    from dataclasses import dataclass
+
+    from finelog.client import LogClient
+
+    quiet_client_logs()
+
+    @dataclass
+    class Metric:
+        key_column = "run"
+        run: str
+        step: int
+        ts: datetime.datetime
+        loss: float
+        ok: bool
+        tags: dict[str, str]
+        hist: list[float]
+        blob: bytes
+        note: str | None = None
+
+    ns = f"compat.metrics-{RUN_ID}".replace("-", "_")
+    c = LogClient.connect(ARGS.controller_url + "/proxy/system.log-server")
+    table = c.get_table(ns, Metric)
+    at = datetime.datetime(2026, 12, 3, 12, 0, 0, 123000)
+    rows = [
+        Metric("r1", i, at, 0.5 / (i + 1), i % 2 == 0, {"i": str(i)}, [1.0, float(i)], b"\x00\x01", "first" if i == 0 else None)
+        for i in range(5)
+    ]
+    table.write(rows)
+    assert str(table.flush(timeout=20)).lower().endswith("succeeded"), "flush"
+    got = c.query(f'SELECT run, step, ts, loss, ok, tags, hist, blob, note FROM "{ns}" WHERE run = \'r1\' ORDER BY step')
+    assert got.num_rows == 5, got
+    first = got.to_pylist()[0]
+    assert first == {
+        "run": "r1", "step": 0, "ts": at, "loss": 0.5, "ok": True, "tags": [("i", "0")],
+        "hist": [1.0, 0.0], "blob": b"\x00\x01", "note": "first",
+    }, first
+    assert c.query(f'SELECT count(*) AS n, max(loss) AS m FROM "{ns}"').to_pylist() == [{"n": 5, "m": 0.5}]
+    listed = {n.namespace: n for n in c.list_namespaces()}
+    # Ours, and the controller's own: task events, task and host samples, task-state rollups.
+    iris_ns = {"iris.task_event", "iris.worker", "iris.task_state"}
+    assert {"log", ns} | iris_ns <= set(listed), sorted(listed)
+    assert all(listed[n].row_count > 0 for n in iris_ns), {n: listed[n].row_count for n in iris_ns}
+    assert listed[ns].row_count == 5 and listed[ns].max_seq - listed[ns].min_seq == 4, listed[ns]
+    names = [col.name for col in c.get_table_schema(ns).columns]
+    assert names[:2] == ["run", "step"] and names[-1] == "cluster", names
+    # The log store is the privileged `log` namespace.
+    lines = c.query(f"SELECT data FROM \"log\" WHERE key = '{job_id('exit3')}/0:0'").to_pylist()
+    assert {"data": "compat-before-exit"} in lines, lines
+    for sql, needle in [
+        (f'DELETE FROM "{ns}"', "only a read"),
+        ("SELECT * FROM no_such_table", "no such table"),
+    ]:
+        try:
+            c.query(sql)
+        except Exception as e:  # finelog's SchemaValidationError
+            assert needle in str(e), (sql, e)
+        else:
+            raise AssertionError(f"{sql} was accepted")
+    c.drop_table(ns)
+    assert ns not in {n.namespace for n in c.list_namespaces()}
+
+
+@step
+def job_describe_shows_peak_memory():
+    # Workers sample each running task's process group; the controller shows the newest sample
+    # and the peak on the task (the published controller leaves PEAK MEM empty).
+    hold = "import time; b = bytearray(150 * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); time.sleep(6)"
+    j = submit("peakmem", ["python3", "-c", hold])
+    wait_until(f"{j} succeeded", lambda: api_job_state(j) == "succeeded", timeout=60)
+    r = ok(iris("job", "describe", j))
+    row = next((line for line in r.out.splitlines() if re.match(r"^\s*0\s+succeeded", line)), "")
+    m = re.search(r"(\d+) MB\s+(\d+) MB", row)
+    assert m and int(m.group(1)) >= 150, r.describe()
+    # The samples behind it are in iris.task.
+    from finelog.client import LogClient
+
+    c = LogClient.connect(ARGS.controller_url + "/proxy/system.log-server")
+    peak = c.query(f"SELECT max(memory_peak_mb) AS m FROM \"iris.task\" WHERE task_id = '{j}/0'").to_pylist()
+    assert peak[0]["m"] >= 150, peak
 
 
 @step
@@ -1168,6 +1337,228 @@ def process_status_of_a_worker():
         assert re.search(r"iris worker \d+\.\d+\.\d+", r.out), (who, r.describe())
 
 
+# Published leaves the suite does not run against our controller, each with why.
+IMAGE = "builds and pushes container images (needs docker and a registry), not a client of a running controller"
+OWN_CONTROLLER = "starts, stops or restarts the published package's own controller or cluster, not a client of ours"
+NOT_RUN = {
+    "build all": IMAGE,
+    "build controller-image": IMAGE,
+    "build dashboard": "builds the published dashboard's frontend bundle (npm), not a client of a running controller",
+    "build push": IMAGE,
+    "build task-image": IMAGE,
+    "build worker-image": IMAGE,
+    "cluster start": OWN_CONTROLLER,
+    "cluster stop": OWN_CONTROLLER,
+    "cluster restart": OWN_CONTROLLER,
+    "cluster controller serve": OWN_CONTROLLER,
+    "cluster controller restart": "rolls a GCP/CoreWeave controller deployment (VM or Deployment) from its config",
+    "cluster controller worker-restart": "restarts GCP/CoreWeave worker VMs or pods from the cluster config",
+    "cluster create-slice": "creates a cloud slice through the platform API from the cluster config",
+    "cluster delete-slice": "deletes a cloud slice through the platform API from the cluster config",
+    "cluster dashboard": "keeps an SSH / port-forward tunnel to a cloud controller open until interrupted",
+    "cluster dashboard-proxy": "serves a local proxy to a cloud controller's dashboard until interrupted",
+    "cluster log-server up": "deploys the standalone finelog server VM / Deployment from the cluster config",
+    "cluster log-server down": "tears down the standalone finelog server VM / Deployment",
+    "cluster log-server restart": "restarts the standalone finelog server VM / Deployment",
+    "cluster log-server status": "reads the standalone finelog server's VM / Deployment status from the cloud",
+    "cluster log-server logs": "reads the standalone finelog server VM's / pod's own logs from the cloud",
+    "attempt wait": "the published CLI fails before any call: it waits with `timeout=float('inf')`, which its "
+                    "`Deadline.from_seconds` cannot convert (OverflowError, marin-iris 0.2.227); our `iris attempt "
+                    "wait` is run by crates/cli/tests",
+    "task wait": "as attempt wait: `timeout=float('inf')` overflows in the published CLI before any call; "
+                 "our `iris task wait` is run by crates/cli/tests",
+    "rpc controller register": "registers a worker: sent by anyone but a worker daemon it would hand tasks to a "
+                               "worker that does not exist (every local worker registers through it)",
+    "rpc worker reconcile": "replaces the worker's desired set: sent by anyone but the controller it stops the "
+                            "worker's tasks (the controller sends it every second)",
+    "rpc actor cancel-operation": "talks to the actor server (the published library inside the task) only; our "
+                                  "part, /proxy, is run by `rpc actor health-check`, `list-actors` and `actor call`",
+    "rpc actor get-operation": "as rpc actor cancel-operation",
+    "rpc actor start-operation": "as rpc actor cancel-operation",
+    "rpc actor call": "as rpc actor cancel-operation",
+    "rpc actor list-methods": "as rpc actor cancel-operation",
+}
+
+
+def every_published_leaf_ran_or_is_listed():
+    leaves = set(_leaves())
+    missing = sorted(leaves - RAN_LEAVES - set(NOT_RUN))
+    assert not missing, f"{len(missing)} published leaves neither ran nor are listed in NOT_RUN: {missing}"
+    stale = sorted(set(NOT_RUN) & RAN_LEAVES)
+    assert not stale, f"listed in NOT_RUN but ran (remove them from the list): {stale}"
+    unknown = sorted(set(NOT_RUN) - leaves)
+    assert not unknown, f"NOT_RUN names leaves the published CLI does not have: {unknown}"
+
+
+@step
+def attempt_commands_address_one_attempt():
+    j = submit("attempts", SLEEP, "--max-retries", "2")
+    t = f"{j}/0"
+    wait_until(f"{t} running", lambda: api_task_state(t) == "running")
+    r = ok(iris("attempt", "describe", f"{t}:0"))
+    assert f"{t}:0" in r.out and "running" in r.out.lower(), r.describe()
+    ok(iris("attempt", "logs", f"{t}:0", "--no-tail"))
+    r = ok(iris("attempt", "profile", f"{t}:0", "threads", timeout=180))
+    assert "sleep" in r.out.lower() or "thread" in r.out.lower(), r.describe()
+    ok(iris("attempt", "preempt", f"{t}:0", "--reason", "compat attempt preempt"))
+    r = wait_until(f"{t}:0 preempted", lambda: "preempted" in (r := iris("attempt", "describe", f"{t}:0")).out.lower() and r)
+    wait_until(f"{t} running again", lambda: api_task_state(t) == "running", timeout=120)
+    ok(iris("attempt", "fail", f"{t}:1", "--reason", "compat attempt fail"))
+    wait_until(f"{t}:1 failed", lambda: "failed" in iris("attempt", "describe", f"{t}:1").out.lower())
+    # `attempt fail` fails the task without a retry.
+    r = ok(iris("task", "list", j))
+    assert re.search(r"^\s*TASK\s+STATE\s+BACKEND\s+ATTEMPT", r.out, re.M), r.describe()
+    assert re.search(r"^\s*0\s+failed\s+\S+\s+1\s+Failed by operator", r.out, re.M), r.describe()
+
+
+def rpc_json(r):
+    import json
+
+    assert r.rc == 0, r.describe()
+    return json.loads(r.out)
+
+
+@step
+def rpc_controller_calls_from_the_published_cli():
+    """Every `rpc controller` leaf of the published CLI against our controller, with real
+    arguments; each answer is checked for the field that says it worked (or the refusal)."""
+    import json
+
+    task, _ = diag_task()
+    job = task.rsplit("/", 1)[0]
+    worker = rpc_json(ours("rpc", "controller", "list-workers"))["workers"][0]["worker_id"]
+    done = submit("rpc-done", ["true"])
+    wait_until(f"{done} succeeded", lambda: api_job_state(done) == "succeeded")
+    victim = submit("rpc-victim", SLEEP)
+    wait_until(f"{victim}/0 running", lambda: api_task_state(f"{victim}/0") == "running")
+    completer = submit("rpc-complete", SLEEP)
+    launch = {"name": f"/{USER}/{name('rpc-launch')}",
+              "entrypoint": {"run_command": {"argv": ["true"]}},
+              "resources": {"cpu_millicores": 100, "memory_bytes": 104857600}}
+
+    def call(method, *args):
+        return iris("rpc", "controller", method, *args)
+
+    checks = [
+        ("list-jobs", [], lambda d: any(j["job_id"] == done for j in d["jobs"])),
+        ("get-job-status", ["--job-id", done], lambda d: d["job"]["state"] == "JOB_STATE_SUCCEEDED"),
+        ("get-job-state", ["--json", json.dumps({"job_ids": [done]})], lambda d: done in d["states"]),
+        ("list-tasks", ["--job-id", done], lambda d: d["tasks"][0]["state"] == "TASK_STATE_SUCCEEDED"),
+        ("get-task-status", ["--task-id", f"{done}/0"], lambda d: d["task"]["task_id"] == f"{done}/0"),
+        ("list-workers", [], lambda d: any(w["worker_id"] == worker for w in d["workers"])),
+        ("get-worker-status", ["--id", worker], lambda d: d["worker"]["worker_id"] == worker),
+        ("list-users", [], lambda d: any(u["user"] == USER for u in d["users"])),
+        ("get-current-user", [], lambda d: "user_id" in d),
+        ("list-user-budgets", [], lambda d: "users" in d or d == {}),
+        ("get-user-budget", ["--user-id", USER], lambda d: d.get("user_id", USER) == USER),
+        ("set-user-budget", ["--json", json.dumps({"user_id": "rpc-budget", "budget_limit": 5})], lambda d: True),
+        ("get-scheduler-state", [], lambda d: isinstance(d, dict)),
+        ("get-autoscaler-status", [], lambda d: "status" in d),
+        ("get-process-status", [], lambda d: d["process_info"]["pid"] > 0),
+        ("list-backends", [], lambda d: len(d["backends"]) >= 1),
+        ("list-peers", [], lambda d: isinstance(d, dict)),
+        ("execute-raw-query", ["--sql", "SELECT count(*) AS n FROM jobs"], lambda d: d["columns"][0]["name"] == "n"),
+        ("exec-in-container", ["--task-id", task, "--json", json.dumps({"task_id": task, "command": ["echo", "rpc-exec"]})],
+         lambda d: "rpc-exec" in d.get("stdout", "")),
+        ("profile-task", ["--json", json.dumps({"target": task, "duration_seconds": 1,
+                                                "profile_type": {"threads": {}}})],
+         lambda d: "profile_data" in d or "error" in d),
+        ("begin-checkpoint", [], lambda d: "checkpoint_path" in d or "created_at" in d or d != {}),
+        ("kick-tasks", ["--json", json.dumps({"targets": [f"{victim}/0"], "desired_state": "TASK_STATE_PREEMPTED",
+                                               "reason": "compat rpc kick"})], lambda d: True),
+        ("terminate-job", ["--job-id", victim], lambda d: True),
+        ("complete-job", ["--job-id", completer], lambda d: True),
+        ("launch-job", ["--json", json.dumps(launch)], lambda d: d["job_id"] == launch["name"]),
+        # Nothing was handed to the caller (no peers): no jobs, and our users' spend.
+        ("federation-sync", ["--json", json.dumps({"cursor": "0"})],
+         lambda d: d["next_cursor"] == "0" and d["budget_usage"]["spend"].get(USER)),
+    ]
+    for method, args, good in checks:
+        r = call(method, *args)
+        try:
+            d = rpc_json(r)
+        except (AssertionError, ValueError):
+            raise AssertionError(f"rpc controller {method}: {r.describe()}")
+        assert good(d), f"rpc controller {method}: {json.dumps(d)[:800]}"
+    # Refused here, each with a message saying why (auth off; no federation; no Kubernetes).
+    for method, args, needle in [
+        ("mint-endpoint-token", ["--json", json.dumps({"endpoint_name": "/x"})], "auth"),
+        ("renew-worker-token", ["--json", "{}"], "auth"),
+        ("get-kubernetes-cluster-status", [], "kubernetes"),
+    ]:
+        r = call(method, *args)
+        assert r.rc != 0 and needle in (r.out + r.err).lower(), f"rpc controller {method}: {r.describe()}"
+
+
+@step
+def rpc_worker_calls_reach_a_worker():
+    import json
+
+    task, _ = diag_task()
+    workers = rpc_json(ours("rpc", "controller", "list-workers"))["workers"]
+    status = rpc_json(iris("rpc", "controller", "get-task-status", "--task-id", task))["task"]
+    w = next(w for w in workers if w["worker_id"] == status["worker_id"])
+    url = w["address"] if w["address"].startswith("http") else f"http://{w['address']}"
+
+    def call(method, *args):
+        return subprocess.run(
+            [ARGS.iris, "--controller-url", url, "rpc", "worker", method, *args],
+            capture_output=True, text=True, timeout=180, cwd=WORKSPACE,
+        )
+
+    for method, args, good in [
+        ("health-check", [], lambda d: d["healthy"] is True),
+        ("get-process-status", [], lambda d: d["process_info"]["pid"] > 0),
+        ("list-tasks", [], lambda d: any(t["task_id"] == task for t in d["tasks"])),
+        ("get-task-status", ["--task-id", task], lambda d: d["task_id"] == task and d["state"] == "TASK_STATE_RUNNING"),
+        ("exec-in-container", ["--json", json.dumps({"task_id": task, "command": ["echo", "worker-exec"]})],
+         lambda d: "worker-exec" in d.get("stdout", "")),
+        ("profile-task", ["--json", json.dumps({"target": task, "duration_seconds": 1,
+                                                "profile_type": {"threads": {}}})],
+         lambda d: "profile_data" in d),
+    ]:
+        r = call(method, *args)
+        assert r.returncode == 0, f"rpc worker {method}: {r.stdout}\n{r.stderr[-2000:]}"
+        d = json.loads(r.stdout)
+        assert good(d), f"rpc worker {method}: {json.dumps(d)[:800]}"
+
+
+@step
+def cluster_status_list_checkpoint_and_keys():
+    r = ok(iris("cluster", "status"))
+    assert "Controller" in r.out, r.describe()
+    r = ok(iris("cluster", "list"))
+    r = ok(iris("cluster", "controller", "checkpoint"))
+    assert "checkpoint" in r.out.lower() + r.err.lower(), r.describe()
+    with tempfile.TemporaryDirectory(prefix="iris-compat-keys-") as d:
+        key = Path(d, "signing.pem")
+        r = ok(iris("cluster", "init-keys", "--out-file", str(key)))
+        assert "PRIVATE KEY" in key.read_text(), r.describe()
+
+
+@step
+def process_profile_of_the_controller():
+    with tempfile.TemporaryDirectory(prefix="iris-compat-prof-") as d:
+        out = Path(d, "controller-threads.txt")
+        r = ok(iris("process", "profile", "threads", "-o", str(out), timeout=180))
+        assert out.exists() and out.stat().st_size > 0, r.describe()
+    # The capture is kept in iris.profile, as the published controller keeps it.
+    from finelog.client import LogClient
+
+    c = LogClient.connect(ARGS.controller_url + "/proxy/system.log-server")
+    rows = c.query('SELECT source, type, format, length(profile_data) AS n FROM "iris.profile" '
+                   "WHERE source = '/system/controller'").to_pylist()
+    assert any(r["type"] == "thread" and r["n"] > 0 for r in rows), rows
+
+
+@step
+def endpoints_mint_and_login_without_auth_say_auth_is_off():
+    r = iris("endpoints", "mint", "/compat/no-such-endpoint")
+    assert r.rc != 0 and "auth" in (r.out + r.err).lower(), r.describe()
+    r = iris("login", "--headless", timeout=60, stdin="")
+    assert "no login is needed" in r.out + r.err, r.describe()
+
+
 def main():
     global ARGS, WORKSPACE
     p = argparse.ArgumentParser()
@@ -1176,6 +1567,7 @@ def main():
     p.add_argument("--cluster-log", help="printed (tail) when a step fails")
     p.add_argument("-k", default="", help="run only steps whose name contains one of these (comma-separated)")
     ARGS = p.parse_args()
+    install_leaf_ledger()
     with tempfile.TemporaryDirectory(prefix="iris-compat-ws-") as ws:
         WORKSPACE = ws
         Path(ws, "data.txt").write_text("compat-data-file-contents\n")
@@ -1193,6 +1585,18 @@ def main():
             else:
                 passed += 1
                 print(f"ok   {fn.__name__} ({time.monotonic() - t0:.1f}s)", flush=True)
+        if not ARGS.k:
+            # Last: every leaf of the published CLI ran in some step, or is listed with why not.
+            t0 = time.monotonic()
+            try:
+                every_published_leaf_ran_or_is_listed()
+            except AssertionError as e:
+                failed += 1
+                print(f"FAIL every_published_leaf_ran_or_is_listed ({time.monotonic() - t0:.1f}s)\n    {e}", flush=True)
+            else:
+                passed += 1
+                print(f"ok   every_published_leaf_ran_or_is_listed ({len(RAN_LEAVES)} leaves ran, "
+                      f"{len(NOT_RUN)} listed)", flush=True)
         if _CLIENT is not None:
             _CLIENT.shutdown()
         if failed and ARGS.cluster_log and Path(ARGS.cluster_log).exists():

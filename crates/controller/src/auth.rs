@@ -328,11 +328,21 @@ pub fn authorize(id: &Identity, service: &str, method: &str) -> Result<(), RpcEr
     };
     let log_read = service == "finelog.logging.LogService" && method == "FetchLogs";
     let inspect_read = service == iris_proto::INSPECT_SERVICE; // it only has reads
+    let stats = service == iris_proto::STATS_SERVICE;
+    let stats_read = stats
+        && matches!(
+            method,
+            "Query" | "ListNamespaces" | "GetTableSchema" | "GetTableStatus" | "ListRelayStatus"
+        );
     match id.role {
         Role::Admin => Ok(()),
         Role::Endpoint => deny("a control-plane token; endpoint tokens only reach /proxy"),
         Role::Dashboard => {
-            if log_read || inspect_read || iris_auth::DASHBOARD_METHODS.contains(&method) {
+            if log_read
+                || inspect_read
+                || stats_read
+                || iris_auth::DASHBOARD_METHODS.contains(&method)
+            {
                 Ok(())
             } else {
                 deny("a user or admin role; the dashboard role is read-only")
@@ -340,6 +350,7 @@ pub fn authorize(id: &Identity, service: &str, method: &str) -> Result<(), RpcEr
         }
         Role::Worker => match method {
             "Register" | "RenewWorkerToken" | "PushLogs" | "ListEndpoints" | "FetchLogs" => Ok(()),
+            "RegisterTable" | "WriteRows" if stats => Ok(()),
             _ => deny("a user or admin role"),
         },
         Role::FederationPeer => match method {
@@ -350,6 +361,9 @@ pub fn authorize(id: &Identity, service: &str, method: &str) -> Result<(), RpcEr
         },
         Role::User | Role::Task => match method {
             "ExecuteRawQuery" | "SetUserBudget" | "BeginCheckpoint" => deny("the admin role"),
+            "DropTable" | "AbortTableMigration" | "ReportRelayStatus" if stats => {
+                deny("the admin role")
+            }
             "Register" | "RenewWorkerToken" | "PushLogs" => deny("the worker role"),
             "FederationSync" => deny("the federation-peer role"),
             _ => Ok(()),

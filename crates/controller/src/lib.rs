@@ -25,6 +25,7 @@ mod reconcile;
 mod rpc;
 mod serve;
 pub mod spec;
+mod stats;
 #[cfg(test)]
 mod testutil;
 mod tick;
@@ -71,6 +72,10 @@ pub struct Controller {
     cfg: ControllerConfig,
     db: Mutex<Db>,
     logs: Mutex<LogDb>,
+    /// finelog's stats store (`crate::stats`).
+    stats: Mutex<iris_store::stats::StatsDb>,
+    /// Task resource samples on their way to `iris.task`.
+    usage: Mutex<stats::UsageBuffer>,
     readonly: Mutex<ReadOnlyDb>,
     /// Endpoint lookups (every proxied request, `ListEndpoints`) on their own WAL connection, so
     /// they never wait for the writer.
@@ -144,6 +149,11 @@ impl Controller {
         }
         let logs = iris_store::logs::open(&cfg.state_dir.join("logs.sqlite3"))
             .context("opening log store")?;
+        let stats = iris_store::stats::open(
+            &cfg.state_dir.join("stats.sqlite3"),
+            Some(&cfg.state_dir.join("logs.sqlite3")),
+        )
+        .context("opening the stats store")?;
         let readonly =
             iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
         let snap = Db::open(&db_path).context("opening snapshot connection")?;
@@ -160,6 +170,8 @@ impl Controller {
             cfg,
             db: Mutex::new(db),
             logs: Mutex::new(logs),
+            stats: Mutex::new(stats),
+            usage: Mutex::new(Default::default()),
             readonly: Mutex::new(readonly),
             endpoint_db: Mutex::new(endpoint_db),
             verifier,
@@ -423,6 +435,8 @@ pub async fn start(cfg: ControllerConfig) -> anyhow::Result<RunningController> {
     }
     // Owned by RunningController: stops when the shutdown channel fires.
     tokio::spawn(prune::periodic(ctl.clone(), rx.clone()));
+    // Owned by RunningController: stops when the shutdown channel fires.
+    tokio::spawn(stats::periodic(ctl.clone(), rx.clone()));
     reconcile::start_known_workers(&ctl, rx.clone())?;
     federation::start(&ctl, rx.clone());
     let server = tokio::spawn(serve::serve(listener, app, rx.clone()));

@@ -440,6 +440,16 @@ fn apply_backend_extras(
 }
 
 fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse) -> bool {
+    if let Some(host) = resp.health.as_ref().and_then(|h| h.resources) {
+        ctl.note_host(worker_id, host);
+    }
+    ctl.note_usage(
+        worker_id,
+        resp.observed
+            .iter()
+            .filter_map(|o| Some((o.attempt_uid.clone(), o.resource_usage?)))
+            .collect(),
+    );
     let observed = resp.observed.into_iter().map(|o| {
         let state = TaskState::from_code(o.state).unwrap_or(TaskState::Unspecified);
         apply::Observation {

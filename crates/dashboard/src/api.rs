@@ -201,6 +201,20 @@ impl Api {
     }
 
     /// Every worker's verdict for a pending task (`ExplainTask`).
+    pub async fn list_task_samples(
+        &self,
+        task_id: &str,
+    ) -> Result<pb::ListTaskSamplesResponse, RpcError> {
+        self.inspect(
+            "ListTaskSamples",
+            &pb::ListTaskSamplesRequest {
+                task_id: task_id.to_string(),
+                limit: 0,
+            },
+        )
+        .await
+    }
+
     pub async fn explain_task(&self, task_id: &str) -> Result<pb::ExplainTaskResponse, RpcError> {
         self.inspect(
             "ExplainTask",

@@ -333,12 +333,15 @@ async fn task(
         task_id: id.clone(),
         ..Default::default()
     };
-    let (status, attempts, events, tail) = tokio::join!(
+    let (status, attempts, events, tail, samples) = tokio::join!(
         api.task_status(&id),
         api.list_attempts(&attempts_req),
         api.list_task_events(&id),
-        api.fetch_logs(&logs_req)
+        api.fetch_logs(&logs_req),
+        api.list_task_samples(&id)
     );
+    // No samples (an older controller, or none taken yet) is an empty chart, not an error.
+    let samples = samples.map(|r| r.samples).unwrap_or_default();
     let status = match status {
         Ok(s) => s,
         Err(e) => return fail(&headers, Nav::Jobs, &format!("Task {id}"), &e),
@@ -382,6 +385,7 @@ async fn task(
         events,
         explain,
         log_tail: &tail,
+        samples: &samples,
         now: now_ms(),
     };
     respond(&headers, pages::task_page(&view), StatusCode::OK)

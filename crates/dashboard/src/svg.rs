@@ -167,3 +167,48 @@ pub fn timeline(rows: &[Row], now: i64) -> Markup {
         }
     }
 }
+
+/// A line chart of `(epoch ms, value)` points (oldest first) with the value axis from 0 to the
+/// maximum, labelled with `unit`; `label` is the accessible description (the same figures are in
+/// text beside it).
+pub fn line_chart(points: &[(i64, f64)], unit: &str, label: &str) -> Markup {
+    const W: f64 = 320.0;
+    const H: f64 = 100.0;
+    const PAD: f64 = 4.0;
+    let (t0, t1) = match (points.first(), points.last()) {
+        (Some(a), Some(b)) => (a.0, b.0.max(a.0 + 1)),
+        _ => (0, 1),
+    };
+    let top = points
+        .iter()
+        .map(|p| p.1)
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let xy = |&(t, v): &(i64, f64)| {
+        let x = PAD + (W - 2.0 * PAD) * (t - t0) as f64 / (t1 - t0) as f64;
+        let y = H - PAD - (H - 2.0 * PAD) * (v / top);
+        (x, y)
+    };
+    let coords: Vec<(f64, f64)> = points.iter().map(xy).collect();
+    let line: Vec<String> = coords
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    let max_label = if top >= 10.0 {
+        format!("{top:.0} {unit}")
+    } else {
+        format!("{top:.2} {unit}")
+    };
+    html! {
+        svg.chart width="320" height="100" viewBox="0 0 320 100" role="img" aria-label=(label) {
+            rect x="0" y="0" width="320" height="100" fill="#f6f8fa" {}
+            line x1="4" y1="96" x2="316" y2="96" stroke="#c9ced6" {}
+            text x="6" y="14" font-size="11" fill="#57606a" { (max_label) }
+            @if let [(x, y)] = coords.as_slice() {
+                circle cx=(format!("{x:.1}")) cy=(format!("{y:.1}")) r="2.5" fill="#1a6fd8" {}
+            } @else {
+                polyline points=(line.join(" ")) fill="none" stroke="#1a6fd8" stroke-width="1.5" {}
+            }
+        }
+    }
+}

@@ -338,9 +338,11 @@ fn task_page_shows_attempts_events_and_logs() {
         events: Ok(&events),
         explain: None,
         log_tail: &logs,
+        samples: &[],
         now: NOW,
     };
     let html = full(&pages::task_page(&v));
+    assert!(html.contains("No samples yet"));
     assert!(html.contains("0123456789abcdef"));
     assert!(html.contains("TaskFailed"));
     assert!(html.contains("queued &lt;b&gt;"), "event text is escaped");
@@ -396,6 +398,34 @@ fn task_page_shows_attempts_events_and_logs() {
         ..v2
     };
     assert!(full(&pages::task_page(&v3)).contains("Cannot explain the task:"));
+    // Resource usage: a line per measure, the latest and peak in text.
+    let samples: Vec<pb::TaskSample> = [(0, 250, 100), (5_000, 1500, 400), (10_000, 900, 300)]
+        .into_iter()
+        .map(|(dt, cpu, mem)| pb::TaskSample {
+            ts_ms: NOW - 10_000 + dt,
+            attempt_id: 0,
+            cpu_millicores: cpu,
+            memory_mb: mem,
+            memory_peak_mb: mem.max(400),
+        })
+        .collect();
+    let v4 = pages::TaskView {
+        samples: &samples,
+        ..v3
+    };
+    let html = full(&pages::task_page(&v4));
+    assert!(html.contains("Resource usage"));
+    assert_eq!(
+        html.matches("<polyline").count(),
+        2,
+        "a CPU and a memory line"
+    );
+    assert!(
+        html.contains("CPU (cores): latest 0.90, peak 1.50"),
+        "{html}"
+    );
+    assert!(html.contains("Memory (MB): latest 300, peak 400"));
+    assert!(html.contains("3 sample(s)"));
 }
 
 #[test]

@@ -100,6 +100,12 @@ pub mod finelog {
         include!(concat!(env!("OUT_DIR"), "/finelog.logging.rs"));
         include!(concat!(env!("OUT_DIR"), "/finelog.logging.serde.rs"));
     }
+    /// `finelog.stats`: typed tables written as Arrow batches and read with SQL (`StatsService`).
+    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    pub mod stats {
+        include!(concat!(env!("OUT_DIR"), "/finelog.stats.rs"));
+        include!(concat!(env!("OUT_DIR"), "/finelog.stats.serde.rs"));
+    }
 }
 
 pub use finelog::logging as finelog_logging;

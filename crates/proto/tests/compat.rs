@@ -611,8 +611,9 @@ fn listing_enum(prefix: &str, e: &EnumDescriptorProto, out: &mut Vec<(String, Ve
 }
 
 /// Packages of our own, with no published counterpart: left out of the comparison with Python
-/// and pinned by their own listing instead.
-const OUR_PACKAGES: &[&str] = &["iris.inspect"];
+/// and pinned by their own listing instead; and finelog's stats schema, of which we declare the
+/// part `StatsService` exchanges (checked by `stats_listing_is_a_subset_of_python`).
+const OUR_PACKAGES: &[&str] = &["iris.inspect", "finelog.stats"];
 
 /// The listing of the published packages (everything but [`OUR_PACKAGES`]).
 fn our_listing() -> String {
@@ -679,6 +680,68 @@ fn descriptor_listing_matches_python() {
     }
 }
 
+/// finelog's stats schema: every message, enum and service we declare is the published one's,
+/// field for field (same number, name, type and JSON name); what we leave out is either a whole
+/// message or a field we reserve. The service is declared whole, in the published order.
+#[test]
+fn stats_listing_is_a_subset_of_python() {
+    fn entries(text: &str) -> std::collections::BTreeMap<&str, Vec<&str>> {
+        let mut out = std::collections::BTreeMap::new();
+        let mut current: Option<&str> = None;
+        for line in text.lines() {
+            if line.starts_with(' ') {
+                if let Some(h) = current {
+                    out.entry(h).or_insert_with(Vec::new).push(line);
+                }
+            } else {
+                current = Some(line);
+                out.entry(line).or_insert_with(Vec::new);
+            }
+        }
+        out
+    }
+    let golden = include_str!("fixtures/python_stats_listing.txt");
+    let ours = listing(|package| package == "finelog.stats");
+    let (python, ours) = (entries(golden), entries(&ours));
+    assert!(
+        ours.len() >= 30,
+        "the stats schema is declared ({} entries)",
+        ours.len()
+    );
+    for (header, lines) in &ours {
+        let theirs = python
+            .get(header)
+            .unwrap_or_else(|| panic!("{header} is not in the published stats schema"));
+        if header.starts_with("service ") {
+            assert_eq!(
+                lines, theirs,
+                "{header}: every method, in the published order"
+            );
+            continue;
+        }
+        for line in lines {
+            if let Some(range) = line.trim().strip_prefix("reserved ") {
+                // A field we deliberately do not read: the published message has it.
+                let (lo, hi) = range.split_once("..").unwrap_or((range, range));
+                let lo: u32 = lo.trim_start_matches('=').parse().unwrap_or(0);
+                let hi: u32 = hi.trim_start_matches('=').parse().unwrap_or(lo);
+                for n in lo..hi.max(lo + 1) {
+                    let prefix = format!("  field {n} ");
+                    assert!(
+                        theirs.iter().any(|l| l.starts_with(&prefix)),
+                        "{header}: reserved {n} is not a published field"
+                    );
+                }
+                continue;
+            }
+            assert!(
+                theirs.contains(line),
+                "{header}: `{line}` differs from the published schema"
+            );
+        }
+    }
+}
+
 /// Our own `iris.inspect` package keeps its field numbers too: a change here is a wire break
 /// for dashboards and CLIs of the previous release. After an addition, rewrite the fixture with
 /// `UPDATE_INSPECT_LISTING=1 cargo test -p iris-proto --test compat`.
@@ -708,7 +771,8 @@ fn inspect_listing_is_pinned() {
             "ListResourceHolds",
             "ListHandoffs",
             "GetCheckpointStatus",
-            "ExplainTask"
+            "ExplainTask",
+            "ListTaskSamples"
         ]
     );
 }

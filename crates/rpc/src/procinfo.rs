@@ -103,6 +103,55 @@ pub fn snapshot(pid: u32) -> std::io::Result<Snapshot> {
     })
 }
 
+/// What the processes of one process group use together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupUsage {
+    /// Resident memory, summed over the group's processes.
+    pub rss_bytes: i64,
+    /// User + system CPU time of the group's live processes, in clock ticks.
+    pub cpu_ticks: u64,
+    pub processes: i32,
+}
+
+impl GroupUsage {
+    /// CPU used between `earlier` and this sample, `elapsed_ms` apart, in millicores (0 when a
+    /// process left the group and the total went down).
+    pub fn millicores_since(&self, earlier: &GroupUsage, elapsed_ms: u64) -> i32 {
+        let ticks = self.cpu_ticks.saturating_sub(earlier.cpu_ticks);
+        (ticks * 1000 * 1000 / TICKS_PER_SECOND)
+            .checked_div(elapsed_ms)
+            .map_or(0, |m| i32::try_from(m).unwrap_or(i32::MAX))
+    }
+}
+
+/// The usage of each of `pgids`' process groups, from one pass over `/proc` (a group with no
+/// live process is absent).
+pub fn group_usage(pgids: &[u32]) -> HashMap<u32, GroupUsage> {
+    let mut out: HashMap<u32, GroupUsage> = HashMap::new();
+    if pgids.is_empty() {
+        return out;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Ok((_, f)) = stat_fields(pid) else {
+            continue;
+        };
+        let pgrp = field_u64(&f, 2) as u32;
+        if !pgids.contains(&pgrp) {
+            continue;
+        }
+        let u = out.entry(pgrp).or_default();
+        u.cpu_ticks += field_u64(&f, 11) + field_u64(&f, 12);
+        // `stat` gives rss in pages of a size that varies by platform; `status` says kB.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        u.rss_bytes += kb_line(&status, "VmRSS:");
+        u.processes += 1;
+    }
+    out
+}
+
 /// The other processes of `pgid`'s process group (a task's children), by pid.
 fn group_members(pgid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {

@@ -34,16 +34,11 @@ pub fn record_attempt_event(
     [kind, reason, message, source]: [&str; 4],
     now: i64,
 ) -> Result<bool> {
-    let tx = tx.raw();
-    let row: Option<(String, i64)> = tx
-        .prepare_cached("SELECT task_id, attempt_id FROM task_attempts WHERE attempt_uid = ?1")?
-        .query_row([attempt_uid], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let Some((task, attempt)) = row else {
+    let Some((task, attempt)) = attempt_identity(tx, attempt_uid)? else {
         return Ok(false);
     };
     insert_event(
-        tx,
+        tx.raw(),
         &task,
         Some(attempt),
         Some(attempt_uid),
@@ -54,4 +49,56 @@ pub fn record_attempt_event(
         source,
     )?;
     Ok(true)
+}
+
+/// A stored task event, as the stats mirror copies it to `iris.task_event`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredEvent {
+    pub id: i64,
+    pub task_id: String,
+    pub attempt_id: Option<i64>,
+    pub attempt_uid: Option<String>,
+    pub ts_ms: i64,
+    pub kind: String,
+    pub reason: String,
+    pub message: String,
+    pub source: String,
+}
+
+/// Up to `limit` events recorded after event `after` (by id), oldest first, and the highest id
+/// stored (0 when there are none).
+pub fn since(db: &impl crate::Read, after: i64, limit: usize) -> Result<(Vec<StoredEvent>, i64)> {
+    let conn = db.raw();
+    let newest: i64 = conn.query_row("SELECT coalesce(max(id), 0) FROM task_events", [], |r| {
+        r.get(0)
+    })?;
+    let rows = conn
+        .prepare_cached(
+            "SELECT id, task_id, attempt_id, attempt_uid, ts_ms, type, reason, message, source
+             FROM task_events WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )?
+        .query_map(params![after, limit as i64], |r| {
+            Ok(StoredEvent {
+                id: r.get(0)?,
+                task_id: r.get(1)?,
+                attempt_id: r.get(2)?,
+                attempt_uid: r.get(3)?,
+                ts_ms: r.get(4)?,
+                kind: r.get(5)?,
+                reason: r.get(6)?,
+                message: r.get(7)?,
+                source: r.get(8)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok((rows, newest))
+}
+
+/// The task and attempt number of the attempt with `attempt_uid`, if this controller knows it.
+pub fn attempt_identity(db: &impl crate::Read, attempt_uid: &str) -> Result<Option<(String, i64)>> {
+    Ok(db
+        .raw()
+        .prepare_cached("SELECT task_id, attempt_id FROM task_attempts WHERE attempt_uid = ?1")?
+        .query_row([attempt_uid], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
 }

@@ -95,3 +95,54 @@ pub fn has_tasks(c: &impl Read, job_id: &str) -> Result<bool> {
         .prepare_cached("SELECT EXISTS(SELECT 1 FROM tasks WHERE job_id = ?1)")?
         .query_row([job_id], |r| r.get(0))?)
 }
+
+/// One root job's waiting and running tasks now (`iris.task_state`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskStateRollup {
+    pub root_job_id: String,
+    pub pending: i64,
+    pub assigned: i64,
+    pub building: i64,
+    pub running: i64,
+    /// When the oldest pending task last became pending (submitted, or its last attempt ended).
+    pub oldest_pending_since_ms: Option<i64>,
+    /// When the oldest assigned-or-building task's current attempt was created.
+    pub oldest_building_since_ms: Option<i64>,
+}
+
+/// Every root job with a pending, assigned, building or running task, with their counts.
+pub fn task_state_rollup(db: &impl Read) -> Result<Vec<TaskStateRollup>> {
+    use iris_types::TaskState as S;
+    let (p, a, b, r) = (
+        S::Pending.code(),
+        S::Assigned.code(),
+        S::Building.code(),
+        S::Running.code(),
+    );
+    let sql = format!(
+        "SELECT j.root_job_id,
+                sum(t.state = {p}), sum(t.state = {a}), sum(t.state = {b}), sum(t.state = {r}),
+                min(CASE WHEN t.state = {p} THEN coalesce(at.finished_at_ms, t.submitted_at_ms) END),
+                min(CASE WHEN t.state IN ({a}, {b}) THEN at.created_at_ms END)
+         FROM tasks t JOIN jobs j ON j.job_id = t.job_id
+         LEFT JOIN task_attempts at ON at.task_id = t.task_id AND at.attempt_id = t.current_attempt_id
+         WHERE t.state IN ({p}, {a}, {b}, {r})
+         GROUP BY j.root_job_id ORDER BY j.root_job_id"
+    );
+    let rows = db
+        .raw()
+        .prepare_cached(&sql)?
+        .query_map([], |row| {
+            Ok(TaskStateRollup {
+                root_job_id: row.get(0)?,
+                pending: row.get(1)?,
+                assigned: row.get(2)?,
+                building: row.get(3)?,
+                running: row.get(4)?,
+                oldest_pending_since_ms: row.get(5)?,
+                oldest_building_since_ms: row.get(6)?,
+            })
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(rows)
+}

@@ -23,6 +23,7 @@ pub mod query;
 mod schema;
 pub(crate) mod sets;
 pub mod snapshot;
+pub mod stats;
 pub mod views;
 pub mod workers;
 

@@ -272,6 +272,15 @@ pub fn fetch(conn: &LogDb, q: &FetchQuery) -> Result<(Vec<LogLine>, i64), FetchE
     Ok((out, cursor))
 }
 
+/// How many lines the log store holds and its lowest and highest `seq` (0, 0, 0 when empty).
+pub fn extent(conn: &LogDb) -> rusqlite::Result<(i64, i64, i64)> {
+    conn.0.query_row(
+        "SELECT count(*), coalesce(min(seq), 0), coalesce(max(seq), 0) FROM logs",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

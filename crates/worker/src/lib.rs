@@ -13,12 +13,14 @@
 mod attempt;
 pub mod bundle;
 mod diag;
+mod host;
 pub mod levels;
 mod logs;
 mod registration;
 mod service;
 mod setup;
 pub mod task_env;
+mod usage;
 
 use anyhow::Context;
 use axum::routing::post;
@@ -69,6 +71,8 @@ struct Attempt {
     abandoned: bool,
     /// Where and with what environment the command runs, once it does (for exec and profiling).
     run_env: Option<Arc<RunEnv>>,
+    /// What the attempt's process group uses, sampled when the controller reconciles.
+    usage: usage::Tracker,
 }
 
 /// An attempt's command's working directory and environment (the variables set on top of the
@@ -90,6 +94,8 @@ struct Inner {
     /// setup phase finds this one on its `PATH`.
     python_home: Option<PathBuf>,
     attempts: Mutex<HashMap<String, Attempt>>,
+    /// The host's usage, sent with each reconcile answer.
+    host: Mutex<host::Host>,
     last_reconcile: Mutex<Instant>,
     /// Set by a fencing `Reconcile` (the controller declared this worker lost): register again.
     fenced: std::sync::atomic::AtomicBool,
@@ -148,6 +154,7 @@ pub async fn start(cfg: WorkerConfig) -> anyhow::Result<RunningWorker> {
         python,
         python_home,
         attempts: Mutex::new(HashMap::new()),
+        host: Mutex::new(Default::default()),
         last_reconcile: Mutex::new(Instant::now()),
         fenced: std::sync::atomic::AtomicBool::new(false),
         http: reqwest::Client::new(),

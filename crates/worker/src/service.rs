@@ -1,4 +1,5 @@
-//! The worker's RPC surface (`iris.cluster.WorkerService`): `HealthCheck`; `Reconcile`,
+//! The worker's RPC surface (`iris.cluster.WorkerService`): `HealthCheck`, `ListTasks` and
+//! `GetTaskStatus` (what this worker runs, with each attempt's resource usage); `Reconcile`,
 //! which takes the controller's desired set of attempts, starts the new ones, stops the ones
 //! asked to stop (and live ones no longer desired), and answers with what the worker observes;
 //! and the diagnostics in `diag` (`ExecInContainer`, `ProfileTask`, `GetProcessStatus`).
@@ -63,6 +64,45 @@ pub(crate) async fn dispatch(
             })
             .await
         }
+        ("iris.cluster.WorkerService", "ListTasks") => {
+            iris_rpc::unary(&headers, &body, |_req: w::ListTasksRequest| {
+                let inner = inner.clone();
+                async move {
+                    let attempts = lock(&inner.attempts);
+                    let mut tasks: Vec<job::TaskStatus> =
+                        attempts.values().map(task_status).collect();
+                    tasks.sort_by(|a, b| {
+                        (a.task_id(), a.current_attempt_id())
+                            .cmp(&(b.task_id(), b.current_attempt_id()))
+                    });
+                    Ok::<_, RpcError>(w::ListTasksResponse { tasks })
+                }
+            })
+            .await
+        }
+        ("iris.cluster.WorkerService", "GetTaskStatus") => {
+            iris_rpc::unary(&headers, &body, |req: w::GetTaskStatusRequest| {
+                let inner = inner.clone();
+                async move {
+                    let attempts = lock(&inner.attempts);
+                    attempts
+                        .values()
+                        .filter(|a| a.task_id == req.task_id)
+                        .max_by_key(|a| a.attempt_id)
+                        .map(task_status)
+                        .ok_or_else(|| {
+                            RpcError::new(
+                                iris_rpc::Code::NotFound,
+                                format!(
+                                    "task {} has no attempt on this worker (`iris task describe` names the worker that runs it)",
+                                    req.task_id
+                                ),
+                            )
+                        })
+                }
+            })
+            .await
+        }
         ("iris.cluster.WorkerService", "HealthCheck") => {
             iris_rpc::unary(&headers, &body, |_req: job::Empty| {
                 let inner = inner.clone();
@@ -103,6 +143,7 @@ fn reconcile(
     let desired_uids: std::collections::HashSet<String> =
         req.desired.iter().map(|d| d.attempt_uid.clone()).collect();
     let mut attempts = lock(&inner.attempts);
+    crate::usage::sample(&mut attempts, Instant::now());
     // Kill zombies: live local attempts the controller no longer wants; forget finished ones.
     attempts.retain(|uid, a| {
         if desired_uids.contains(uid) {
@@ -149,6 +190,7 @@ fn reconcile(
                                     stop_requested: false,
                                     abandoned: false,
                                     run_env: None,
+                                    usage: Default::default(),
                                 },
                             );
                             let inner2 = inner.clone();
@@ -199,20 +241,38 @@ fn reconcile(
                 exit_code: a.exit_code,
                 error: a.error.clone(),
                 container_id: a.container_id.clone(),
+                resource_usage: a.usage.reported(),
                 ..Default::default()
             });
         }
     }
+    let running = attempts.values().filter(|a| !a.state.is_terminal()).count() as i32;
     drop(attempts);
+    let resources = lock(&inner.host).sample(Instant::now(), running, &inner.cfg.cache_dir);
     Ok(w::ReconcileResponse {
         worker_id: inner.cfg.worker_id.clone(),
         observed,
         health: Some(w::WorkerHealth {
             healthy: true,
             health_error: String::new(),
-            resources: None,
+            resources,
         }),
     })
+}
+
+/// What this worker knows of an attempt, as the worker-served status calls answer: its state,
+/// exit, container and the usage of its process group.
+fn task_status(a: &Attempt) -> job::TaskStatus {
+    job::TaskStatus {
+        task_id: Some(a.task_id.clone()),
+        state: Some(a.state.code()),
+        exit_code: Some(a.exit_code),
+        error: Some(a.error.clone()),
+        current_attempt_id: Some(a.attempt_id),
+        container_id: Some(a.container_id.clone()),
+        resource_usage: a.usage.reported(),
+        ..Default::default()
+    }
 }
 
 /// The id `task describe` shows for an attempt's "container": its process group, which is what

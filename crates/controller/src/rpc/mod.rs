@@ -208,6 +208,7 @@ async fn dispatch_inner(
         ("iris.inspect.InspectService", "ListHandoffs") => call!(list_handoffs),
         ("iris.inspect.InspectService", "GetCheckpointStatus") => call!(get_checkpoint_status),
         ("iris.inspect.InspectService", "ExplainTask") => call!(explain_task),
+        ("iris.inspect.InspectService", "ListTaskSamples") => call!(list_task_samples),
         ("iris.cluster.EndpointService", m) => match m {
             "RegisterEndpoint" => call!(register_endpoint),
             "UnregisterEndpoint" => call!(unregister_endpoint),
@@ -216,6 +217,19 @@ async fn dispatch_inner(
         },
         ("finelog.logging.LogService", "FetchLogs") => call!(fetch_logs),
         ("finelog.logging.LogService", "PushLogs") => call!(push_logs),
+        ("finelog.stats.StatsService", m) => match m {
+            "RegisterTable" => call!(register_table),
+            "WriteRows" => call!(write_rows),
+            "Query" => call!(query_stats),
+            "DropTable" => call!(drop_table),
+            "ListNamespaces" => call!(list_namespaces),
+            "GetTableSchema" => call!(get_table_schema),
+            "GetTableStatus" => call!(get_table_status),
+            "AbortTableMigration" => call!(abort_table_migration),
+            "ReportRelayStatus" => call!(report_relay_status),
+            "ListRelayStatus" => call!(list_relay_status),
+            _ => unimplemented(&service, m),
+        },
         _ => unimplemented(&service, &method),
     }
 }

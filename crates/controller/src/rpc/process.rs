@@ -88,6 +88,31 @@ fn process_info(s: procinfo::Snapshot, python_version: String) -> job::ProcessIn
 }
 
 /// The controller's own profile: native threads; CPU and memory profilers are for Python.
+/// The published `iris.profile` type and format names of a request's profiler.
+fn profile_kind(p: &job::profile_type::Profiler) -> (&'static str, &'static str) {
+    use job::profile_type::Profiler;
+    match p {
+        Profiler::Threads(_) => ("thread", "raw"),
+        Profiler::Cpu(c) => (
+            "cpu",
+            match c.format() {
+                job::cpu_profile::Format::Speedscope => "speedscope",
+                job::cpu_profile::Format::Raw => "raw",
+                _ => "flamegraph",
+            },
+        ),
+        Profiler::Memory(m) => (
+            "memory",
+            match m.format() {
+                job::memory_profile::Format::Table => "table",
+                job::memory_profile::Format::Stats => "stats",
+                job::memory_profile::Format::Raw => "raw",
+                _ => "html",
+            },
+        ),
+    }
+}
+
 fn profile_self(profiler: &job::profile_type::Profiler) -> std::result::Result<Vec<u8>, String> {
     use job::profile_type::Profiler;
     match profiler {
@@ -266,16 +291,24 @@ impl Controller {
         };
         let duration = Duration::from_secs(req.duration_seconds.clamp(1, 3600) as u64);
         let timeout = duration + RPC_MARGIN;
-        match parse_target(&req.target)? {
-            Target::Controller => Ok(job::ProfileTaskResponse::from_outcome(profile_self(
-                profiler,
-            ))),
+        let (kind, format) = profile_kind(profiler);
+        let source = match req.target.as_str() {
+            "" | SELF_TARGET => CONTROLLER_SOURCE.to_string(),
+            t => t.to_string(),
+        };
+        let (resp, attempt_id, vm_id) = match parse_target(&req.target)? {
+            Target::Controller => (
+                job::ProfileTaskResponse::from_outcome(profile_self(profiler)),
+                None,
+                String::new(),
+            ),
             Target::Worker(id) => {
                 let fwd = job::ProfileTaskRequest {
                     target: SELF_TARGET.into(),
                     ..req
                 };
-                self.call_worker(&id, "ProfileTask", &fwd, timeout).await
+                let r = self.call_worker(&id, "ProfileTask", &fwd, timeout).await?;
+                (r, None, id)
             }
             Target::Task { task, attempt } => {
                 let (a, worker) = self.running_attempt(&task, attempt, "profile")?;
@@ -284,10 +317,24 @@ impl Controller {
                     target: a.to_string(),
                     ..req
                 };
-                self.call_worker(&worker, "ProfileTask", &fwd, timeout)
-                    .await
+                let r: job::ProfileTaskResponse = self
+                    .call_worker(&worker, "ProfileTask", &fwd, timeout)
+                    .await?;
+                (r, Some(i64::from(a.attempt)), worker)
             }
+        };
+        if !resp.profile_data().is_empty() {
+            self.record_profile(&crate::stats::Capture {
+                source: source.split_once(':').map_or(source.as_str(), |(t, _)| t),
+                attempt_id,
+                vm_id: &vm_id,
+                duration_seconds: duration.as_secs() as i64,
+                kind,
+                format,
+                data: resp.profile_data(),
+            });
         }
+        Ok(resp)
     }
 
     pub(crate) async fn exec_in_container(

@@ -18,10 +18,13 @@ impl Controller {
         let reasons = lock(&self.pending_reasons);
         let task = views::task(&*conn, &req.task_id, &reasons)?
             .ok_or_else(|| Error::not_found(format!("task {} not found", req.task_id)))?;
+        let mut task = [task];
         let job_id = req.task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
         let job_resources = self.job_resources(&*conn, job_id)?;
         drop(reasons);
         drop(conn);
+        self.fill_usage(&mut task);
+        let [task] = task;
         let failed = matches!(
             TaskState::from_code(task.state.unwrap_or_default()),
             Some(TaskState::Failed | TaskState::WorkerFailed)
@@ -91,7 +94,10 @@ impl Controller {
             return Err(Error::not_found(format!("job {} not found", req.job_id)));
         }
         let reasons = lock(&self.pending_reasons);
-        let tasks = views::tasks_of_job(&*conn, &req.job_id, &reasons)?;
+        let mut tasks = views::tasks_of_job(&*conn, &req.job_id, &reasons)?;
+        drop(reasons);
+        drop(conn);
+        self.fill_usage(&mut tasks);
         Ok(c::ListTasksResponse { tasks })
     }
 

@@ -17,7 +17,41 @@ pub struct TaskView<'a> {
     /// `ExplainTask` for a pending task (or why it could not be read); `None` otherwise.
     pub explain: Option<Result<&'a pb::ExplainTaskResponse, &'a str>>,
     pub log_tail: &'a [fl::LogEntry],
+    /// `ListTaskSamples`: CPU and memory over time, oldest first.
+    pub samples: &'a [pb::TaskSample],
     pub now: i64,
+}
+
+/// CPU and memory over time, each a line chart with its latest and peak in text beside it.
+fn usage(samples: &[pb::TaskSample]) -> maud::Markup {
+    let cpu: Vec<(i64, f64)> = samples
+        .iter()
+        .map(|s| (s.ts_ms, f64::from(s.cpu_millicores) / 1000.0))
+        .collect();
+    let mem: Vec<(i64, f64)> = samples
+        .iter()
+        .map(|s| (s.ts_ms, s.memory_mb as f64))
+        .collect();
+    let peak_mem = samples.iter().map(|s| s.memory_peak_mb).max().unwrap_or(0);
+    let peak_cpu = cpu.iter().map(|p| p.1).fold(0.0, f64::max);
+    let last = samples.last();
+    html! {
+        @if samples.is_empty() {
+            p.muted { "No samples yet: a worker samples a running task's processes every few seconds." }
+        } @else {
+            div.charts {
+                figure {
+                    (svg::line_chart(&cpu, "cores", &format!("CPU over time: latest {:.2} cores, peak {:.2}", last.map_or(0.0, |s| f64::from(s.cpu_millicores) / 1000.0), peak_cpu)))
+                    figcaption { "CPU (cores): latest " (format!("{:.2}", last.map_or(0.0, |s| f64::from(s.cpu_millicores) / 1000.0))) ", peak " (format!("{peak_cpu:.2}")) }
+                }
+                figure {
+                    (svg::line_chart(&mem, "MB", &format!("Memory over time: latest {} MB, peak {} MB", last.map_or(0, |s| s.memory_mb), peak_mem)))
+                    figcaption { "Memory (MB): latest " (last.map_or(0, |s| s.memory_mb)) ", peak " (peak_mem) }
+                }
+            }
+            p.muted { (samples.len()) " sample(s) from " (fmt::ts(samples.first().map(|s| s.ts_ms))) }
+        }
+    }
 }
 
 /// Every worker with the first placement rule that rules the task out (or that it fits).
@@ -120,6 +154,10 @@ pub fn task_page(v: &TaskView<'_>) -> Page {
                     }
                 }
             } }
+        }
+        section aria-labelledby="usage-h" {
+            h2 #usage-h { "Resource usage" }
+            (usage(v.samples))
         }
         section aria-labelledby="ev-h" {
             h2 #ev-h { "Events" }
