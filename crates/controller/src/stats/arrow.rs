@@ -301,31 +301,26 @@ fn build(kind: ColumnKind, values: &[Value]) -> ArrayRef {
             }
             Arc::new(b.finish())
         }
-        ColumnKind::Float64List => {
-            let mut b = ListBuilder::new(Float64Builder::new());
-            for v in values {
-                match text(v).and_then(|t| serde_json::from_str::<Vec<Option<f64>>>(t).ok()) {
-                    Some(items) => {
-                        items.into_iter().for_each(|x| b.values().append_option(x));
-                        b.append(true);
-                    }
-                    None => b.append(false),
-                }
+        ColumnKind::Float64List => list(Float64Builder::new(), values),
+        ColumnKind::Int64List => list(Int64Builder::new(), values),
+    }
+}
+
+/// A list column from JSON arrays (a value that is not one is a null list).
+fn list<B, T>(items: B, values: &[Value]) -> ArrayRef
+where
+    B: arrow_array::builder::ArrayBuilder + Extend<Option<T>>,
+    T: serde::de::DeserializeOwned,
+{
+    let mut b = ListBuilder::new(items);
+    for v in values {
+        match text(v).and_then(|t| serde_json::from_str::<Vec<Option<T>>>(t).ok()) {
+            Some(items) => {
+                b.values().extend(items);
+                b.append(true);
             }
-            Arc::new(b.finish())
-        }
-        ColumnKind::Int64List => {
-            let mut b = ListBuilder::new(Int64Builder::new());
-            for v in values {
-                match text(v).and_then(|t| serde_json::from_str::<Vec<Option<i64>>>(t).ok()) {
-                    Some(items) => {
-                        items.into_iter().for_each(|x| b.values().append_option(x));
-                        b.append(true);
-                    }
-                    None => b.append(false),
-                }
-            }
-            Arc::new(b.finish())
+            None => b.append(false),
         }
     }
+    Arc::new(b.finish())
 }

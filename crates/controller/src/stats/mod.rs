@@ -300,27 +300,32 @@ impl Controller {
     /// Copies task events recorded since the last pass into `iris.task_event`; returns how
     /// many were copied.
     pub(crate) fn mirror_task_events(&self) -> Result<usize> {
-        let mut stats = lock(&self.stats);
-        if stats
-            .namespace(TASK_EVENT_NAMESPACE)
-            .map_err(stats_error)?
-            .is_none()
-        {
-            stats
-                .register(
-                    TASK_EVENT_NAMESPACE,
-                    task_event_columns(),
-                    "task_id",
-                    task_event_policy(),
-                )
-                .map_err(stats_error)?;
-        }
-        let cursor = stats.cursor(MIRROR_CURSOR).map_err(stats_error)?;
+        // The stats lock is never held while the snapshot lock is taken (one order: snapshot,
+        // then stats); only this loop moves the cursor, so it cannot change in between.
+        let cursor = {
+            let mut stats = lock(&self.stats);
+            if stats
+                .namespace(TASK_EVENT_NAMESPACE)
+                .map_err(stats_error)?
+                .is_none()
+            {
+                stats
+                    .register(
+                        TASK_EVENT_NAMESPACE,
+                        task_event_columns(),
+                        "task_id",
+                        task_event_policy(),
+                    )
+                    .map_err(stats_error)?;
+            }
+            stats.cursor(MIRROR_CURSOR).map_err(stats_error)?
+        };
         let (events, newest) = {
             let snap = lock(&self.snap);
             let tx = snap.begin_read()?;
             iris_store::events::since(&tx, cursor, MIRROR_BATCH)?
         };
+        let mut stats = lock(&self.stats);
         if events.is_empty() {
             if newest < cursor {
                 // The controller DB was restored to an earlier history: follow it.

@@ -160,8 +160,11 @@ pub struct Policy {
 /// The defaults a zero policy field inherits (stated in the README).
 pub const DEFAULT_MAX_AGE_SECONDS: i64 = 30 * 24 * 3600;
 pub const DEFAULT_MAX_BYTES: i64 = 256 * 1024 * 1024;
-/// At most this many namespaces exist at once, so the store as a whole stays bounded.
+/// At most this many namespaces exist at once.
 pub const MAX_NAMESPACES: usize = 256;
+/// The store as a whole keeps at most this many bytes: past it, the oldest batches of any
+/// namespace go first (each namespace's own limits apply before).
+pub const MAX_TOTAL_BYTES: i64 = 4 * 1024 * 1024 * 1024;
 /// Writes within this window of a namespace's newest batch extend it.
 const BATCH_WINDOW_MS: i64 = 60_000;
 

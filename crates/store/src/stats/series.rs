@@ -1,7 +1,9 @@
 //! Reads of one namespace as a time series (the newest row per key, the newest rows of one key)
 //! and retention, which drops a namespace's oldest batches.
 
-use super::{ident, Result, StatsDb, Value, DEFAULT_MAX_AGE_SECONDS, DEFAULT_MAX_BYTES};
+use super::{
+    ident, Result, StatsDb, Value, DEFAULT_MAX_AGE_SECONDS, DEFAULT_MAX_BYTES, MAX_TOTAL_BYTES,
+};
 use rusqlite::params;
 
 impl StatsDb {
@@ -140,6 +142,48 @@ impl StatsDb {
                 tx.commit()?;
             }
         }
+        removed += self.enforce_total_cap(MAX_TOTAL_BYTES)?;
+        Ok(removed)
+    }
+
+    /// While the store holds more than `cap` bytes, drops the oldest batch of any namespace
+    /// (never a namespace's newest). Returns rows removed.
+    pub(super) fn enforce_total_cap(&mut self, cap: i64) -> Result<i64> {
+        let total: i64 = self.conn.query_row(
+            "SELECT coalesce(sum(bytes), 0) FROM _stats_batches",
+            [],
+            |r| r.get(0),
+        )?;
+        if total <= cap {
+            return Ok(0);
+        }
+        let oldest: Vec<(String, i64, i64)> = self
+            .conn
+            .prepare_cached(
+                "SELECT b.namespace, b.last_seq, b.bytes FROM _stats_batches b
+                 WHERE b.first_seq < (SELECT max(n.first_seq) FROM _stats_batches n
+                                      WHERE n.namespace = b.namespace)
+                 ORDER BY b.written_ms, b.namespace, b.first_seq",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let (mut over, mut removed) = (total - cap, 0i64);
+        let tx = self.conn.transaction()?;
+        for (ns, last, bytes) in oldest {
+            if over <= 0 {
+                break;
+            }
+            removed += tx.execute(
+                &format!("DELETE FROM {} WHERE seq <= ?1", ident(&ns)),
+                [last],
+            )? as i64;
+            tx.execute(
+                "DELETE FROM _stats_batches WHERE namespace = ?1 AND last_seq <= ?2",
+                params![ns, last],
+            )?;
+            over -= bytes;
+        }
+        tx.commit()?;
         Ok(removed)
     }
 }

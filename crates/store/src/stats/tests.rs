@@ -391,3 +391,32 @@ fn the_newest_rows_of_a_key_are_read_through_its_index() {
         .expect("unregistered")
         .is_empty());
 }
+
+#[test]
+fn the_store_as_a_whole_is_capped_oldest_batches_first() {
+    let (_dir, mut db) = open_tmp();
+    db.register("a.x", events(), "task_id", Policy::default())
+        .expect("a");
+    db.register("b.x", events(), "task_id", Policy::default())
+        .expect("b");
+    let ns =
+        |db: &mut StatsDb, name: &str, i: i64| write_to(db, name, &[("abcd", i, 0)], i * 61_000);
+    for i in 0..6 {
+        ns(&mut db, if i % 2 == 0 { "a.x" } else { "b.x" }, i);
+    }
+    let bytes = |db: &StatsDb| {
+        db.namespaces()
+            .expect("list")
+            .iter()
+            .map(|(_, e)| e.bytes)
+            .sum::<i64>()
+    };
+    let before = bytes(&db);
+    let removed = db.enforce_total_cap(before / 2).expect("cap");
+    assert!(removed >= 2, "{removed}");
+    assert!(bytes(&db) <= before / 2 + 20, "{} of {before}", bytes(&db));
+    // Each namespace keeps its newest batch.
+    for (ns, extent) in db.namespaces().expect("list") {
+        assert!(extent.rows >= 1, "{} kept nothing", ns.name);
+    }
+}
