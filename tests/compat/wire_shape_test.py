@@ -60,14 +60,18 @@ scale_groups:
 # A path covers the fields under it. Each must still occur (a stale entry fails the test).
 USAGE = ("the task's latest CPU / memory sample and its peak memory, so `job describe` shows "
          "PEAK MEM (the published controller leaves it to worker-served status calls)")
+CONTAINER = ("a process worker reports the attempt's process group as its container as soon as the group "
+             "exists, so a command that fails at once still names it; the published worker may not have")
 DELIBERATE_EXTRAS = {
     "ListTasks": {
         "tasks[].pendingReason": "each pending task says why it waits, not only the job",
         "tasks[].resourceUsage": USAGE,
+        "tasks[].containerId": CONTAINER,
     },
     "GetTaskStatus": {
         "task.pendingReason": "each pending task says why it waits, not only the job",
         "task.resourceUsage": USAGE,
+        "task.containerId": CONTAINER,
         "task.canBeScheduled": "whether any worker could ever run it, beside the reason",
     },
     "GetWorkerStatus": {
@@ -81,7 +85,8 @@ DELIBERATE_EXTRAS = {
 
 # Extras that appear only once a worker has sampled the task (timing-dependent), so their
 # absence is not a stale entry.
-SOMETIMES = {("ListTasks", "tasks[].resourceUsage"), ("GetTaskStatus", "task.resourceUsage")}
+SOMETIMES = {("ListTasks", "tasks[].resourceUsage"), ("GetTaskStatus", "task.resourceUsage"),
+             ("ListTasks", "tasks[].containerId"), ("GetTaskStatus", "task.containerId")}
 
 # Calls ours answers with a clear error where the published controller answers 200, on purpose
 # (ARCHITECTURE.md, "Wire fidelity"): (method, label) -> reason. Each must still occur.
