@@ -730,37 +730,11 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
             crate::client::ambient_url().context("no controller address: pass --controller-url")?
         }
     };
-    let device = match &a.device {
-        Some(d) => {
-            let parts: Vec<&str> = d.split(':').collect();
-            match parts.as_slice() {
-                [t, v, n] if *t == "gpu" || *t == "tpu" => Some((
-                    t.to_string(),
-                    v.to_string(),
-                    n.parse::<i32>()
-                        .map_err(|_| anyhow::anyhow!("--device {d}: count must be a number"))?,
-                )),
-                _ => {
-                    anyhow::bail!("--device {d}: expected gpu:VARIANT:COUNT or tpu:VARIANT:COUNT")
-                }
-            }
-        }
-        None => None,
-    };
-    let mut attributes = Vec::new();
-    for kv in &a.attributes {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--attribute {kv}: expected KEY=VALUE"))?;
-        attributes.push((k.to_string(), v.to_string()));
-    }
-    let mut task_env = std::collections::BTreeMap::new();
-    for kv in &a.task_env {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--task-env {kv}: expected KEY=VALUE"))?;
-        task_env.insert(k.to_string(), v.to_string());
-    }
+    let device = parse_device(a.device.as_deref())?;
+    let attributes = parse_pairs("--attribute", &a.attributes)?;
+    let task_env = parse_pairs("--task-env", &a.task_env)?
+        .into_iter()
+        .collect();
     let id = a
         .worker_id
         .clone()
@@ -791,4 +765,29 @@ pub async fn serve_worker(a: WorkerArgs, url: Option<String>) -> anyhow::Result<
     stop.recv().await;
     w.shutdown().await;
     Ok(0)
+}
+
+/// `--device gpu:VARIANT:COUNT` / `tpu:VARIANT:COUNT`.
+pub(crate) fn parse_device(d: Option<&str>) -> anyhow::Result<Option<(String, String, i32)>> {
+    let Some(d) = d else { return Ok(None) };
+    match d.split(':').collect::<Vec<_>>().as_slice() {
+        [t, v, n] if *t == "gpu" || *t == "tpu" => Ok(Some((
+            t.to_string(),
+            v.to_string(),
+            n.parse::<i32>()
+                .map_err(|_| anyhow::anyhow!("--device {d}: count must be a number"))?,
+        ))),
+        _ => anyhow::bail!("--device {d}: expected gpu:VARIANT:COUNT or tpu:VARIANT:COUNT"),
+    }
+}
+
+/// Repeated `FLAG KEY=VALUE` arguments.
+pub(crate) fn parse_pairs(flag: &str, kvs: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    kvs.iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow::anyhow!("{flag} {kv}: expected KEY=VALUE"))
+        })
+        .collect()
 }

@@ -23,6 +23,7 @@ mod output;
 mod rollout;
 mod secrets;
 mod setup_scripts;
+mod simulate;
 mod slices;
 mod target;
 mod tunnel;
@@ -456,6 +457,9 @@ enum ControllerCmd {
 enum WorkerCmd {
     /// Run a worker that registers with the controller.
     Serve(local::WorkerArgs),
+    /// Host many simulated workers in this process: they register and answer Reconcile like
+    /// real ones, and run each attempt for a drawn duration without a process (scale tests).
+    Simulate(simulate::SimulateArgs),
 }
 
 #[derive(Subcommand)]
@@ -602,6 +606,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             cmd::cluster::run(c, url, cli.config.as_deref(), cli.cluster.as_deref()).await
         }
         Cmd::Worker(WorkerCmd::Serve(a)) => local::serve_worker(a, url).await,
+        Cmd::Worker(WorkerCmd::Simulate(a)) => simulate::run(a, url).await,
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Login { token, headless } => keys::login(token, headless),
         Cmd::Build(b) => Ok(lifecycle::build(b)),

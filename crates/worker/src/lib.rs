@@ -19,6 +19,7 @@ mod logs;
 mod registration;
 mod service;
 mod setup;
+pub mod sim;
 pub mod task_env;
 mod usage;
 

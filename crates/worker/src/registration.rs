@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn metadata(cfg: &WorkerConfig, ip_address: &str) -> job::WorkerMetadata {
+pub(crate) fn metadata(cfg: &WorkerConfig, ip_address: &str) -> job::WorkerMetadata {
     use job::device_config::Device;
     let device = match &cfg.device {
         Some((t, v, n)) if t == "gpu" => Device::Gpu(job::GpuDevice {

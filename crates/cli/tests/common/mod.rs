@@ -447,6 +447,36 @@ impl TestCluster {
         id
     }
 
+    /// `iris worker simulate --id-prefix PREFIX <args>`: a fleet of simulated workers in one
+    /// process (stopped with the cluster); waits until `count` of them are healthy.
+    pub fn add_simulated_fleet(&mut self, prefix: &str, count: usize, args: &[&str]) {
+        let name = format!("fleet-{prefix}");
+        let log =
+            std::fs::File::create(self.root.path().join(format!("{name}.log"))).expect("log file");
+        let mut cmd = base_cmd(self.root.path());
+        cmd.args(["--controller-url", &self.url, "worker", "simulate"])
+            .args(["--id-prefix", prefix, "--count", &count.to_string()])
+            .args(args);
+        let child = cmd
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn simulated fleet");
+        self.workers.push(Proc { name, child });
+        let want = format!("{prefix}-");
+        wait_until(
+            STARTUP,
+            &format!("{count} simulated workers to register"),
+            || {
+                self.healthy_workers()
+                    .iter()
+                    .filter(|w| w.starts_with(&want))
+                    .count()
+                    == count
+            },
+        );
+    }
+
     fn spawn_worker(&mut self, w: &WorkerSpec) -> String {
         let id = format!("w{}", self.next_worker);
         self.next_worker += 1;
