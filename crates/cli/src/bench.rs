@@ -31,6 +31,9 @@ pub enum BenchCmd {
     /// Read paths at scale: `ListJobs` newest 50, `GetJobStatus`, `GetJobState` of 100, RSS and
     /// DB size with N finished and L live jobs.
     Reads(crate::bench_reads::ReadsArgs),
+    /// Nomad's C1M shape: N jobs of R tasks (a share of them GPU gangs) on W simulated workers,
+    /// submit to every task terminal; tasks placed and completed per second, RSS, DB size.
+    C1m(crate::bench_c1m::C1mArgs),
 }
 
 #[derive(Args)]
@@ -75,6 +78,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         BenchCmd::FederationDetect(a) => return crate::bench_federation_detect::run(a).await,
         BenchCmd::Checkpoint(a) => return crate::bench_checkpoint::run(a).await,
         BenchCmd::Reads(a) => return crate::bench_reads::run(a).await,
+        BenchCmd::C1m(a) => return crate::bench_c1m::run(a).await,
         other => other,
     };
     let dir = tempdir()?;
@@ -90,7 +94,8 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
         | BenchCmd::Federation(_)
         | BenchCmd::FederationDetect(_)
         | BenchCmd::Checkpoint(_)
-        | BenchCmd::Reads(_) => {
+        | BenchCmd::Reads(_)
+        | BenchCmd::C1m(_) => {
             unreachable!("handled above")
         }
     };

@@ -5,6 +5,7 @@
 //! `iris job ...`, and so on), and [`client`] holds the calls to the controller.
 
 mod bench;
+mod bench_c1m;
 mod bench_checkpoint;
 mod bench_federation;
 mod bench_federation_detect;
