@@ -1,6 +1,9 @@
-//! One scheduling tick at scale: 10,000 pending tasks over 1,000 workers.
+//! One scheduling tick at scale: 10,000 pending tasks over 1,000 workers, or `TICK_SCALE` times
+//! that (`TICK_SCALE=10`: 100,000 pending over 10,000 workers).
 //!
-//! Run with `cargo bench -p iris-scheduler`; prints the median of several runs.
+//! Run with `cargo bench -p iris-scheduler`; prints the median of several runs, from scratch and
+//! in the steady state the controller meets tick after tick: the first plan applied, then one
+//! running task finished since the last tick.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -38,10 +41,10 @@ fn band(rng: &mut Rng) -> Band {
     }
 }
 
-fn build() -> Snapshot {
+fn build(k: usize) -> Snapshot {
     let mut rng = Rng(0x1F2E_3D4C_5B6A_7988);
     let mut workers = Vec::new();
-    for i in 0..700 {
+    for i in 0..700 * k {
         let w = Worker::new(format!("cpu-{i:04}"), Resources::cpu_mem(32_000, 128 * GIB))
             .with_attr("device-type", "cpu")
             .with_attr("region", if i % 2 == 0 { "us-east" } else { "us-west" })
@@ -49,8 +52,8 @@ fn build() -> Snapshot {
             .with_attr("preemptible", if i % 4 == 0 { "true" } else { "false" });
         workers.push(w);
     }
-    for i in 0..300 {
-        let variant = if i < 200 { "h100" } else { "a100" };
+    for i in 0..300 * k {
+        let variant = if i % 300 < 200 { "h100" } else { "a100" };
         let mut w = Worker::new(
             format!("gpu-{i:04}"),
             Resources {
@@ -71,7 +74,7 @@ fn build() -> Snapshot {
     }
 
     let mut running = Vec::new();
-    for i in 0..500 {
+    for i in 0..500 * k {
         for k in 0..2 {
             running.push(RunningTask {
                 task: format!("/bg/cpu{i}/{k}"),
@@ -89,7 +92,7 @@ fn build() -> Snapshot {
             });
         }
     }
-    for i in 0..120 {
+    for i in 0..120 * k {
         running.push(RunningTask {
             task: format!("/bg/gpu{i}/0"),
             job: format!("/bg/gpu{i}"),
@@ -157,7 +160,7 @@ fn build() -> Snapshot {
     };
     let mut j = 0;
     // 8,000 cpu tasks: 2,000 jobs of 4.
-    for _ in 0..2000 {
+    for _ in 0..2000 * k {
         let cpu = 1000 * (1 + rng.below(8) as i64);
         let mem = GIB * (2 + rng.below(31) as i64);
         let mut cs = Vec::new();
@@ -177,7 +180,7 @@ fn build() -> Snapshot {
         j += 1;
     }
     // 1,200 gpu tasks: 300 jobs of 4.
-    for _ in 0..300 {
+    for _ in 0..300 * k {
         let variant = if rng.chance(70) { "h100" } else { "a100" };
         let res = Resources {
             cpu_millicores: 8_000,
@@ -190,7 +193,7 @@ fn build() -> Snapshot {
         j += 1;
     }
     // 800 gang tasks: 100 coscheduled jobs of 8 hosts.
-    for _ in 0..100 {
+    for _ in 0..100 * k {
         let variant = if rng.chance(80) { "h100" } else { "a100" };
         let res = Resources {
             cpu_millicores: 8_000,
@@ -213,35 +216,155 @@ fn build() -> Snapshot {
     }
 }
 
-fn main() {
-    let snapshot = build();
-    let policy = Policy::default();
-    let warm = schedule(&snapshot, &policy);
-    let mut times: Vec<Duration> = (0..RUNS)
+/// The snapshot of the next tick after `plan` was applied and every placed task started:
+/// assignments run, preempted tasks are gone, and then one running task finished.
+fn applied(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
+    let mut next = snapshot.clone();
+    let placed: BTreeMap<&str, &str> = plan
+        .assignments
+        .iter()
+        .map(|a| (a.task.as_str(), a.worker.as_str()))
+        .collect();
+    let victims: std::collections::BTreeSet<&str> =
+        plan.preemptions.iter().map(|p| p.victim.as_str()).collect();
+    next.running.retain(|r| !victims.contains(r.task.as_str()));
+    let (started, waiting): (Vec<PendingTask>, Vec<PendingTask>) = next
+        .pending
+        .into_iter()
+        .partition(|p| placed.contains_key(p.task.as_str()));
+    next.pending = waiting;
+    for p in started {
+        next.running.push(RunningTask {
+            worker: placed[p.task.as_str()].to_string(),
+            band: p.band,
+            resources: p.resources,
+            running: true,
+            coscheduled: p.group_by.is_some(),
+            device_variant: p.device_variant,
+            task: p.task,
+            job: p.job,
+        });
+    }
+    // One solo task finished since the last tick: its worker has room again.
+    if let Some(i) = next.running.iter().position(|r| !r.coscheduled) {
+        next.running.remove(i);
+    }
+    next
+}
+
+/// A digest of everything a plan decides, so that runs before and after a change can show
+/// they plan alike.
+fn digest(plan: &Plan) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for a in &plan.assignments {
+        (&a.task, &a.worker).hash(&mut h);
+    }
+    for p in &plan.preemptions {
+        (&p.victim, &p.worker, &p.by).hash(&mut h);
+    }
+    plan.pending_reasons.hash(&mut h);
+    h.finish()
+}
+
+/// Median, min and max of `TICK_RUNS` (default 15) timed calls of `f`.
+fn time<T>(mut f: impl FnMut() -> T) -> (Duration, Duration, Duration) {
+    let runs = std::env::var("TICK_RUNS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(RUNS);
+    let mut times: Vec<Duration> = (0..runs)
         .map(|_| {
             let start = Instant::now();
-            let plan = schedule(&snapshot, &policy);
-            let took = start.elapsed();
-            assert_eq!(plan, warm, "schedule is not deterministic");
-            took
+            std::hint::black_box(f());
+            start.elapsed()
         })
         .collect();
     times.sort();
+    (times[runs / 2], times[0], times[runs - 1])
+}
+
+fn main() {
+    let scale = match std::env::var("TICK_SCALE") {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(k) if k > 0 => k,
+            _ => {
+                eprintln!("TICK_SCALE must be a positive integer, got '{v}'");
+                std::process::exit(2);
+            }
+        },
+        Err(_) => 1,
+    };
+    let snapshot = build(scale);
+    let policy = Policy::default();
+    let warm = schedule(&snapshot, &policy);
+    assert_eq!(
+        schedule(&snapshot, &policy),
+        warm,
+        "schedule is not deterministic"
+    );
+    if let Ok(path) = std::env::var("TICK_DUMP") {
+        // The first plan, one decision per line, to diff runs before and after a change.
+        let mut out = String::new();
+        for a in &warm.assignments {
+            out.push_str(&format!("assign {} {}\n", a.task, a.worker));
+        }
+        for p in &warm.preemptions {
+            out.push_str(&format!("preempt {} {} {}\n", p.victim, p.worker, p.by));
+        }
+        for (task, reason) in &warm.pending_reasons {
+            out.push_str(&format!("reason {task} {reason}\n"));
+        }
+        if let Err(e) = std::fs::write(&path, out) {
+            eprintln!("cannot write TICK_DUMP file {path}: {e}");
+            std::process::exit(2);
+        }
+    }
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "schedule: {} workers, {} running, {} pending -> {} assignments, {} preemptions, {} reasons",
+        "schedule: {} workers, {} running, {} pending -> {} assignments, {} preemptions, {} reasons, plan {:016x}",
         snapshot.workers.len(),
         snapshot.running.len(),
         snapshot.pending.len(),
         warm.assignments.len(),
         warm.preemptions.len(),
-        warm.pending_reasons.len()
+        warm.pending_reasons.len(),
+        digest(&warm)
     );
+    let (med, min, max) = time(|| schedule(&snapshot, &policy));
     println!(
-        "schedule: median {:.2} ms, min {:.2} ms, max {:.2} ms over {RUNS} runs",
-        ms(times[RUNS / 2]),
-        ms(times[0]),
-        ms(times[RUNS - 1])
+        "schedule from scratch: median {:.2} ms, min {:.2} ms, max {:.2} ms over the runs",
+        ms(med),
+        ms(min),
+        ms(max)
+    );
+    // Apply plans until the cluster takes no more (what a loaded cluster looks like tick after
+    // tick), then one task finishes.
+    let mut steady = applied(&snapshot, &warm);
+    let mut next = schedule(&steady, &policy);
+    let mut ticks = 1;
+    while next.assignments.len() > 1 && ticks < 50 {
+        steady = applied(&steady, &next);
+        next = schedule(&steady, &policy);
+        ticks += 1;
+    }
+    println!("steady after {ticks} applied plans");
+    println!(
+        "steady: {} running, {} pending -> {} assignments, {} preemptions, {} reasons, plan {:016x}",
+        steady.running.len(),
+        steady.pending.len(),
+        next.assignments.len(),
+        next.preemptions.len(),
+        next.pending_reasons.len(),
+        digest(&next)
+    );
+    let (med, min, max) = time(|| schedule(&steady, &policy));
+    println!(
+        "schedule after one completion: median {:.2} ms, min {:.2} ms, max {:.2} ms over the runs",
+        ms(med),
+        ms(min),
+        ms(max)
     );
     // `explain` (ExplainTask) over the same snapshot, for a gang member and a solo task.
     for task in [
@@ -251,26 +374,20 @@ fn main() {
     .into_iter()
     .flatten()
     {
-        let mut times: Vec<Duration> = (0..RUNS)
-            .map(|_| {
-                let start = Instant::now();
-                let e = explain(&snapshot, &policy, &task.task);
-                let took = start.elapsed();
-                assert!(e.is_some_and(|e| e.workers.len() == snapshot.workers.len()));
-                took
-            })
-            .collect();
-        times.sort();
+        let (med, _, max) = time(|| {
+            let e = explain(&snapshot, &policy, &task.task);
+            assert!(e.is_some_and(|e| e.workers.len() == snapshot.workers.len()));
+        });
         println!(
-            "explain {} ({}): median {:.2} ms, max {:.2} ms over {RUNS} runs",
+            "explain {} ({}): median {:.2} ms, max {:.2} ms over the runs",
             task.task,
             if task.group_by.is_some() {
                 "gang"
             } else {
                 "solo"
             },
-            ms(times[RUNS / 2]),
-            ms(times[RUNS - 1])
+            ms(med),
+            ms(max)
         );
     }
 }

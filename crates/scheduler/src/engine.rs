@@ -1,11 +1,11 @@
 //! The placement pass: working state, constraint sets, gangs and first-fit solos.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 use crate::constraint::{canonical, normalize, satisfied};
-use crate::firstfit::FirstFit;
+use crate::firstfit::{request_node, FirstFit};
 use crate::model::{
     Assignment, PendingTask, Plan, Policy, ResourcesExt, RunningTask, Snapshot, Worker,
 };
@@ -47,6 +47,10 @@ impl Finder {
         }
     }
 }
+
+/// What decides whether a gang fits: its members' constraint sets and requests and the
+/// grouping attribute.
+pub(crate) type GangShape = (Vec<usize>, String, Vec<[i64; 4]>);
 
 /// The attribute that orders hosts inside a coscheduling group.
 pub(crate) const WORKER_ORDER_ATTR: &str = "tpu-worker-id";
@@ -124,6 +128,14 @@ pub(crate) enum Status {
     },
     /// Gang could not be placed; the reason names the gang.
     GangFailed(String),
+    /// Gang found groups but none with room for all of its `n` members (`head` is its first
+    /// task, `cs` its constraint set); the reason names the best group's room at the end of
+    /// placement.
+    GangNoRoom {
+        head: usize,
+        n: usize,
+        cs: usize,
+    },
 }
 
 /// A unit of placement, in scheduling order.
@@ -171,6 +183,11 @@ pub(crate) struct Engine<'a> {
     finder_ids: BTreeMap<Vec<usize>, usize>,
     /// `groups(cs, key, None)` results; group membership does not change during a cycle.
     group_cache: BTreeMap<(usize, String), Vec<Group>>,
+    /// Gangs that found no group during placement, by shape, with the reason after the job's
+    /// name, or `None` when groups exist but none had room (that reason is written at the end
+    /// of placement). Capacity only shrinks and closed workers stay closed during that pass, so
+    /// a later gang of the same shape cannot be placed either.
+    gang_failed: BTreeMap<GangShape, Option<String>>,
     /// Dense job number of each pending task.
     job_of: Vec<usize>,
     /// Per job: the constraint list last interned for it and its set.
@@ -186,7 +203,8 @@ impl<'a> Engine<'a> {
         let mut workers: Vec<&Worker> = snapshot.workers.iter().collect();
         workers.sort_by(|a, b| a.id.cmp(&b.id));
         workers.dedup_by(|a, b| a.id == b.id);
-        let worker_idx: BTreeMap<&str, usize> = workers
+        // Hashed: looked up once per running task (tens of thousands at scale).
+        let worker_idx: HashMap<&str, usize> = workers
             .iter()
             .enumerate()
             .map(|(i, w)| (w.id.as_str(), i))
@@ -198,8 +216,20 @@ impl<'a> Engine<'a> {
             max_building: policy.max_building_per_worker,
             max_assign: policy.max_assignments_per_worker_per_cycle,
         };
-        let mut running: Vec<&RunningTask> = snapshot.running.iter().collect();
-        running.sort_by(|a, b| a.task.cmp(&b.task).then(a.worker.cmp(&b.worker)));
+        // Task-key order. The keys' first 16 bytes ride along in the sorted array, so most
+        // comparisons touch neither the task nor its key's heap bytes (tens of thousands of
+        // running tasks at scale).
+        let mut keyed: Vec<(u128, &RunningTask)> = snapshot
+            .running
+            .iter()
+            .map(|rt| (key_prefix(&rt.task), rt))
+            .collect();
+        keyed.sort_unstable_by(|(pa, a), (pb, b)| {
+            pa.cmp(pb)
+                .then_with(|| a.task.cmp(&b.task))
+                .then_with(|| a.worker.cmp(&b.worker))
+        });
+        let running: Vec<&RunningTask> = keyed.into_iter().map(|(_, rt)| rt).collect();
         let mut running_worker = Vec::with_capacity(running.len());
         let mut on_worker = vec![Vec::new(); workers.len()];
         let mut slices: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -218,7 +248,7 @@ impl<'a> Engine<'a> {
             running_worker.push(w);
         }
         let any_healthy = workers.iter().any(|w| w.healthy);
-        let mut job_numbers: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut job_numbers: HashMap<&str, usize> = HashMap::new();
         let job_of: Vec<usize> = snapshot
             .pending
             .iter()
@@ -243,6 +273,7 @@ impl<'a> Engine<'a> {
             finders: Vec::new(),
             finder_ids: BTreeMap::new(),
             group_cache: BTreeMap::new(),
+            gang_failed: BTreeMap::new(),
             job_cset: vec![None; n_jobs],
             job_of,
             task_cset: vec![None; snapshot.pending.len()],
@@ -535,8 +566,23 @@ impl<'a> Engine<'a> {
         let head = &self.pending[first];
         let key = head.group_by.as_deref().unwrap_or("");
         let css: Vec<usize> = tasks.iter().map(|&p| self.cset_for(p)).collect();
+        let shape: GangShape = (
+            css.clone(),
+            key.to_string(),
+            tasks
+                .iter()
+                .map(|&p| request_node(&self.pending[p].resources))
+                .collect(),
+        );
+        match self.gang_failed.get(&shape) {
+            Some(Some(tail)) => {
+                let reason = format!("Coscheduled job {job}{tail}");
+                return self.gang_failed_with(tasks, reason);
+            }
+            Some(None) => return self.gang_no_room(tasks, css[0]),
+            None => {}
+        }
         let groups = self.all_groups(css[0], key);
-        let mut best: Option<(usize, &str)> = None;
         for g in &groups {
             if let Some(picks) = self.zip_gang(tasks, &css, &g.workers) {
                 for (&p, &w) in tasks.iter().zip(&picks) {
@@ -544,34 +590,75 @@ impl<'a> Engine<'a> {
                 }
                 return;
             }
+        }
+        if !groups.is_empty() {
+            self.gang_failed.insert(shape, None);
+            return self.gang_no_room(tasks, css[0]);
+        }
+        let tail = self.gang_tail(tasks.len(), key, &head.resources, None, css[0]);
+        let reason = format!("Coscheduled job {job}{tail}");
+        self.gang_failed.insert(shape, Some(tail));
+        self.gang_failed_with(tasks, reason);
+    }
+
+    fn gang_failed_with(&mut self, tasks: &[usize], reason: String) {
+        for &p in tasks {
+            self.status[p] = Status::GangFailed(reason.clone());
+        }
+    }
+
+    fn gang_no_room(&mut self, tasks: &[usize], cs: usize) {
+        let (head, n) = (tasks[0], tasks.len());
+        for &p in tasks {
+            self.status[p] = Status::GangNoRoom { head, n, cs };
+        }
+    }
+
+    /// The group of `all_groups(cs, key)` with the most workers that can host `req` now (the
+    /// first on ties), with that count.
+    pub(crate) fn best_group(
+        &self,
+        cs: usize,
+        key: &str,
+        req: &Resources,
+    ) -> Option<(usize, &str)> {
+        let groups = self.group_cache.get(&(cs, key.to_string()))?;
+        let mut best: Option<(usize, &str)> = None;
+        for g in groups {
             let room = g
                 .workers
                 .iter()
-                .filter(|&&w| self.cap.can_host(w, &head.resources))
+                .filter(|&&w| self.cap.can_host(w, req))
                 .count();
             if best.is_none_or(|(n, _)| room > n) {
                 best = Some((room, g.value.as_str()));
             }
         }
-        let mut reason = format!(
-            "Coscheduled job {job} needs {} workers sharing one value of '{key}' with {} each",
-            tasks.len(),
-            head.resources
-        );
+        best
+    }
+
+    /// Why a gang of `n` hosts found no group, after "Coscheduled job <job>".
+    pub(crate) fn gang_tail(
+        &self,
+        n: usize,
+        key: &str,
+        req: &Resources,
+        best: Option<(usize, &str)>,
+        cs: usize,
+    ) -> String {
+        let mut tail = format!(" needs {n} workers sharing one value of '{key}' with {req} each");
         match best {
             Some((room, value)) => {
-                let _ = write!(reason, "; best group '{value}' has {room} with room now");
+                let _ = write!(tail, "; best group '{value}' has {room} with room now");
             }
-            None if !self.csets[css[0]].eligible.contains(&true) => {
-                let _ = write!(reason, "; {}", self.constraint_reason(css[0]));
+            None if !self.csets[cs].eligible.contains(&true) => {
+                let _ = write!(tail, "; {}", self.constraint_reason(cs));
             }
             None => {
-                let _ = write!(reason, "; no eligible worker has attribute '{key}'");
+                let _ = write!(tail, "; no eligible worker has attribute '{key}'");
             }
         }
-        for &p in tasks {
-            self.status[p] = Status::GangFailed(reason.clone());
-        }
+        tail
     }
 
     /// True if skipped task `p` has the constraints of its job's failed `head` and asks for at
@@ -582,11 +669,15 @@ impl<'a> Engine<'a> {
                 .resources
                 .covers(&self.pending[head].resources)
     }
+}
 
-    /// Normalized device variant of running task `r`.
-    pub(crate) fn running_variant(&self, r: usize) -> String {
-        normalize(&self.running[r].device_variant)
-    }
+/// The first 16 bytes of `s`, zero-padded, as a big-endian number: where two of them differ, they
+/// order as the strings do.
+fn key_prefix(s: &str) -> u128 {
+    let mut b = [0u8; 16];
+    let n = s.len().min(16);
+    b[..n].copy_from_slice(&s.as_bytes()[..n]);
+    u128::from_be_bytes(b)
 }
 
 /// Appends an unambiguous encoding of `c` (mode excluded) to `key`.
@@ -645,6 +736,32 @@ pub(crate) fn host_order_key(w: &Worker) -> (u8, i64, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_prefixes_order_as_their_keys_where_they_differ() {
+        let keys = [
+            "",
+            "/",
+            "/a",
+            "/a/",
+            "/a/0",
+            "/a/1",
+            "/a/10",
+            "/user01/job23000/0",
+            "/user01/job23000/1",
+            "/user01/job2300/0",
+            "/user01/job23001",
+            "/u\u{e9}/j/0",
+        ];
+        for a in keys {
+            for b in keys {
+                let (pa, pb) = (key_prefix(a), key_prefix(b));
+                if pa != pb {
+                    assert_eq!(pa.cmp(&pb), a.cmp(b), "{a} vs {b}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn scan_fallback_agrees_with_the_tree() {

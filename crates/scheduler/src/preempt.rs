@@ -4,7 +4,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::constraint::normalize;
-use crate::engine::{Engine, Status, Unit};
+use crate::engine::{Engine, GangShape, Status, Unit};
+use crate::firstfit::request_node;
 use crate::model::{PendingTask, Preemption, ResourcesExt};
 use iris_types::{Band, Resources};
 
@@ -14,6 +15,21 @@ type VictimKey = (Reverse<u8>, (i64, i64, i64), usize);
 /// Requests that found no victim, per (constraint set, variant, band). Valid until the next
 /// successful preemption changes the state.
 type FailCache = BTreeMap<(usize, String, Band), Vec<Resources>>;
+
+/// Gangs (by shape, variant and band) that found no victims; valid like [`FailCache`].
+type GangFailCache = BTreeSet<(GangShape, String, Band)>;
+
+/// A running slice's facts that do not change during the preemption pass.
+struct SliceInfo<'a> {
+    job: &'a str,
+    members: usize,
+    /// The members' normalized device variant, if they all share one.
+    variant: Option<String>,
+    /// Every member is RUNNING on a known worker.
+    usable: bool,
+    /// The highest band among the members (lowest rank).
+    top: u8,
+}
 
 impl<'a> Engine<'a> {
     fn victim_key(&self, r: usize) -> VictimKey {
@@ -41,20 +57,40 @@ impl<'a> Engine<'a> {
     }
 
     pub(crate) fn preemption_pass(&mut self, units: &[Unit<'a>]) {
+        // Each running task's normalized variant, as a number into `names` (normalized once
+        // per distinct spelling).
+        let mut names: Vec<String> = Vec::new();
+        let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut variants = Vec::with_capacity(self.running.len());
+        for rt in &self.running {
+            let raw = rt.device_variant.as_str();
+            let id = *ids.entry(raw).or_insert_with(|| {
+                let n = normalize(raw);
+                names.iter().position(|x| *x == n).unwrap_or_else(|| {
+                    names.push(n);
+                    names.len() - 1
+                })
+            });
+            variants.push(id);
+        }
         // Solo victims: RUNNING, not part of a slice, on a known worker; per variant, in victim order.
-        let mut solo_victims: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut by_variant: Vec<Vec<usize>> = vec![Vec::new(); names.len()];
         for (r, rt) in self.running.iter().enumerate() {
             if rt.running && !rt.coscheduled && self.running_worker[r].is_some() {
-                solo_victims
-                    .entry(self.running_variant(r))
-                    .or_default()
-                    .push(r);
+                by_variant[variants[r]].push(r);
             }
         }
+        let slices = self.slice_infos(&variants, &names);
+        let mut solo_victims: BTreeMap<String, Vec<usize>> = names
+            .into_iter()
+            .zip(by_variant)
+            .filter(|(_, list)| !list.is_empty())
+            .collect();
         for list in solo_victims.values_mut() {
             list.sort_by_cached_key(|&r| self.victim_key(r));
         }
         let mut cache = FailCache::new();
+        let mut gang_cache = GangFailCache::new();
         for unit in units {
             let done = match unit {
                 Unit::Solo(p) => {
@@ -66,14 +102,20 @@ impl<'a> Engine<'a> {
                     candidate && self.preempt_solo(*p, &mut solo_victims, &mut cache)
                 }
                 Unit::Gang { tasks, .. } => {
-                    let failed = tasks
-                        .iter()
-                        .all(|&p| matches!(self.status[p], Status::GangFailed(_)));
-                    failed && !tasks.is_empty() && self.preempt_gang(tasks)
+                    let failed = tasks.iter().all(|&p| {
+                        matches!(
+                            self.status[p],
+                            Status::GangFailed(_) | Status::GangNoRoom { .. }
+                        )
+                    });
+                    failed
+                        && !tasks.is_empty()
+                        && self.preempt_gang(tasks, &slices, &mut gang_cache)
                 }
             };
             if done {
                 cache.clear();
+                gang_cache.clear();
             }
         }
     }
@@ -150,7 +192,12 @@ impl<'a> Engine<'a> {
 
     /// A gang preempts either one whole lower-band slice of its variant whose hosts form a
     /// valid group for it, or else lower-band solo co-tenants on enough hosts of one group.
-    fn preempt_gang(&mut self, tasks: &[usize]) -> bool {
+    fn preempt_gang(
+        &mut self,
+        tasks: &[usize],
+        slices: &[SliceInfo<'a>],
+        cache: &mut GangFailCache,
+    ) -> bool {
         // The gang's band is its lowest task band, so every victim is below every member.
         let Some(band) = tasks.iter().map(|&p| self.pending[p].band).max() else {
             return false;
@@ -162,8 +209,51 @@ impl<'a> Engine<'a> {
         let key = head.group_by.as_deref().unwrap_or("");
         let variant = normalize(&head.device_variant);
         let css: Vec<usize> = tasks.iter().map(|&p| self.cset_for(p)).collect();
-        self.preempt_slice(tasks, &css, band, key, &variant)
-            || self.preempt_cotenants(tasks, &css, band, key)
+        // Nothing changes between successful preemptions, so a gang of the same shape, band and
+        // variant as one that found no victims finds none either.
+        let shape: GangShape = (
+            css.clone(),
+            key.to_string(),
+            tasks
+                .iter()
+                .map(|&p| request_node(&self.pending[p].resources))
+                .collect(),
+        );
+        let memo = (shape, variant, band);
+        if cache.contains(&memo) {
+            return false;
+        }
+        let done = self.preempt_slice(tasks, &css, band, key, &memo.1, slices)
+            || self.preempt_cotenants(tasks, &css, band, key);
+        if !done {
+            cache.insert(memo);
+        }
+        done
+    }
+
+    /// Each running slice's facts that do not change during the pass (see [`SliceInfo`]).
+    fn slice_infos(&self, variants: &[usize], names: &[String]) -> Vec<SliceInfo<'a>> {
+        self.slices
+            .iter()
+            .map(|(&job, members)| {
+                let first = members.first().map(|&r| variants[r]);
+                SliceInfo {
+                    job,
+                    members: members.len(),
+                    variant: first
+                        .filter(|&v| members.iter().all(|&r| variants[r] == v))
+                        .map(|v| names[v].clone()),
+                    usable: members
+                        .iter()
+                        .all(|&r| self.running[r].running && self.running_worker[r].is_some()),
+                    top: members
+                        .iter()
+                        .map(|&r| self.running[r].band.rank())
+                        .min()
+                        .unwrap_or(0),
+                }
+            })
+            .collect()
     }
 
     fn preempt_slice(
@@ -173,25 +263,22 @@ impl<'a> Engine<'a> {
         band: Band,
         key: &str,
         variant: &str,
+        infos: &[SliceInfo<'a>],
     ) -> bool {
         let mut slices: Vec<(Reverse<u8>, usize, &'a str)> = Vec::new();
-        for (&job, members) in &self.slices {
-            let ok = members.len() >= tasks.len()
-                && members.iter().all(|&r| {
-                    let rt = self.running[r];
-                    !self.evicted[r]
-                        && rt.running
-                        && band.outranks(rt.band)
-                        && self.running_worker[r].is_some()
-                        && self.running_variant(r) == variant
-                });
+        for info in infos {
+            // Every member RUNNING on a known worker, of the gang's variant, below its band,
+            // and none evicted yet in this pass.
+            let ok = info.members >= tasks.len()
+                && info.usable
+                && band.rank() < info.top
+                && info.variant.as_deref() == Some(variant)
+                && self
+                    .slices
+                    .get(info.job)
+                    .is_some_and(|m| m.iter().all(|&r| !self.evicted[r]));
             if ok {
-                let top = members
-                    .iter()
-                    .map(|&r| self.running[r].band.rank())
-                    .min()
-                    .unwrap_or(0);
-                slices.push((Reverse(top), members.len(), job));
+                slices.push((Reverse(info.top), info.members, info.job));
             }
         }
         slices.sort();

@@ -443,6 +443,32 @@ fn gang_is_all_or_nothing_and_reason_names_it() {
 }
 
 #[test]
+fn gangs_of_one_shape_fail_alike_and_name_the_room_left_after_placement() {
+    // The second gang is refused by the memo of the first; a solo task placed after both takes
+    // a host of 'a', and both reasons count the room at the end of placement.
+    let mut workers = slice_hosts("a", 3);
+    workers.extend(slice_hosts("b", 2));
+    let mut pending = gang("/u/g1", 4);
+    pending.extend(gang("/u/g2", 4));
+    pending.push(pending_task("/u/s/0", 8000));
+    let plan = run(&snap(workers, vec![], pending));
+    assert_eq!(placed(&plan), [("/u/s/0", "a-0")]);
+    for job in ["/u/g1", "/u/g2"] {
+        let expect = format!(
+            "Coscheduled job {job} needs 4 workers sharing one value of 'tpu-name' with \
+             cpu=4000m, memory=1 GiB each; best group 'a' has 2 with room now"
+        );
+        for i in 0..4 {
+            assert_eq!(reason(&plan, &format!("{job}/{i}")), expect);
+        }
+    }
+}
+
+fn pending_task(task: &str, cpu: i64) -> PendingTask {
+    pending(task).cpu(cpu).build()
+}
+
+#[test]
 fn gang_skips_groups_without_room() {
     let mut workers = slice_hosts("a", 2);
     workers.extend(slice_hosts("b", 2));

@@ -26,6 +26,10 @@ struct Summary {
 struct Explainer {
     summaries: BTreeMap<usize, Summary>,
     reasons: BTreeMap<(usize, [i64; 4]), String>,
+    /// Per gang (its first task): its reason.
+    gangs: BTreeMap<usize, String>,
+    /// Per constraint set, grouping attribute, gang size and request: the text after the job.
+    gang_tails: BTreeMap<(usize, String, usize, String), String>,
 }
 
 impl Engine<'_> {
@@ -41,6 +45,28 @@ impl Engine<'_> {
                     self.policy.max_tasks_per_job_per_cycle, t.job
                 ),
                 Status::GangFailed(r) => r.clone(),
+                Status::GangNoRoom { head, n, cs } => {
+                    let (head, n, cs) = (*head, *n, *cs);
+                    if let Some(r) = memo.gangs.get(&head) {
+                        r.clone()
+                    } else {
+                        let h = &self.pending[head];
+                        let key = h.group_by.as_deref().unwrap_or("");
+                        let shape = (cs, key.to_string(), n, h.resources.to_string());
+                        let tail = match memo.gang_tails.get(&shape) {
+                            Some(tail) => tail.clone(),
+                            None => {
+                                let best = self.best_group(cs, key, &h.resources);
+                                let tail = self.gang_tail(n, key, &h.resources, best, cs);
+                                memo.gang_tails.insert(shape, tail.clone());
+                                tail
+                            }
+                        };
+                        let r = format!("Coscheduled job {}{tail}", h.job);
+                        memo.gangs.insert(head, r.clone());
+                        r
+                    }
+                }
                 Status::Failed { cset } => self.diagnose_memo(&mut memo, *cset, &t.resources),
                 Status::Skipped { head, cset } => {
                     if self.dominated(p, *head, *cset) {
