@@ -1531,8 +1531,12 @@ def rpc_worker_calls_reach_a_worker():
 
 @step
 def cluster_status_list_checkpoint_and_keys():
+    # The published `cluster status`: GetProcessStatus (its version), ListWorkers and
+    # GetAutoscalerStatus (the compat cluster's `cpu` group); uptime is `process status`'s.
     r = ok(iris("cluster", "status"))
-    assert "Controller" in r.out, r.describe()
+    assert "Running: True" in r.out and "Workers: 4/4 healthy" in r.out, r.describe()
+    assert re.search(r"^\s+Version: \S+", r.out, re.M), r.describe()
+    assert "No scale groups configured" not in r.out and re.search(r"^.*\bcpu\b", r.out.split("Autoscaler Status:")[-1], re.M), r.describe()
     r = ok(iris("cluster", "list"))
     r = ok(iris("cluster", "controller", "checkpoint"))
     assert "checkpoint" in r.out.lower() + r.err.lower(), r.describe()

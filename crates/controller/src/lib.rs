@@ -19,6 +19,7 @@ mod highlights;
 mod inspect;
 mod limits;
 mod metrics;
+mod observe;
 mod proxy;
 mod prune;
 mod reconcile;
@@ -106,6 +107,10 @@ pub struct Controller {
     /// The last checkpoint failure, for `GetCheckpointStatus`.
     checkpoint_health: Mutex<checkpoint::Health>,
     admissions: tokio::sync::mpsc::UnboundedSender<Admission>,
+    /// Reconcile answers on their way to the observation writer (`crate::observe`).
+    observations: observe::Sender,
+    /// The reconcile loops' reader for desired sets (WAL: never waits for the writer).
+    reconcile_reader: Mutex<Db>,
     /// The HTTP clients `/proxy` forwards with (kept for their connection pools), built on the
     /// first proxied request: most controllers never proxy, and building them reads the system's
     /// CA roots.
@@ -158,6 +163,7 @@ impl Controller {
             iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
         let snap = Db::open(&db_path).context("opening snapshot connection")?;
         let endpoint_db = Db::open(&db_path).context("opening endpoint connection")?;
+        let reconcile_reader = Db::open(&db_path).context("opening the reconcile reader")?;
         let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
         let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
@@ -166,6 +172,7 @@ impl Controller {
         if cfg.auth.is_some() {
             tracing::info!("auth enabled");
         }
+        let (observations, observe_rx) = tokio::sync::mpsc::unbounded_channel();
         let ctl = Arc::new_cyclic(|me| Controller {
             cfg,
             db: Mutex::new(db),
@@ -192,10 +199,13 @@ impl Controller {
             checkpoint_lock: tokio::sync::Mutex::new(()),
             checkpoint_health: Mutex::new(checkpoint::Health::default()),
             admissions,
+            observations,
+            reconcile_reader: Mutex::new(reconcile_reader),
             upstreams: std::sync::OnceLock::new(),
             metrics: metrics::Metrics::new(),
         });
         let weak = Arc::downgrade(&ctl);
+        observe::start(weak.clone(), observe_rx).context("starting the observation writer")?;
         // The admission batcher: a plain thread (SQLite is blocking). It ends when the controller
         // is dropped, because the channel's only sender lives in the controller.
         std::thread::Builder::new()

@@ -226,6 +226,7 @@ async fn reconcile_loop(
     let mut last_ok = Instant::now();
     // One client per worker address, kept across rounds (keep-alive, parsed URLs).
     let mut client: Option<(String, iris_rpc::Client)> = None;
+    let mut stored = Stored::default();
     loop {
         tokio::select! {
             _ = poke.notified() => {}
@@ -235,14 +236,19 @@ async fn reconcile_loop(
         if current != Some(generation) {
             return;
         }
+        // Read on the reconcile reader, not the writer's connection: thousands of loops do this
+        // each round, and none of them should wait for (or hold up) a commit. The read is a few
+        // indexed lookups, done in place (handing thousands of them per second to the blocking
+        // pool cost more memory than it saved time).
         let prepared = {
-            let conn = ctl.db();
-            iris_store::workers::address(&*conn, &worker_id)
-                .map_err(crate::Error::from)
-                .and_then(|addr| match addr {
+            let conn = lock(&ctl.reconcile_reader);
+            (|| -> Result<Option<(String, Vec<DesiredAttempt>)>> {
+                let tx = conn.begin_read()?;
+                match iris_store::workers::address(&tx, &worker_id)? {
                     None => Ok(None),
-                    Some(a) => desired_set(&ctl, &*conn, &worker_id).map(|d| Some((a, d))),
-                })
+                    Some(a) => desired_set(&ctl, &tx, &worker_id).map(|d| Some((a, d))),
+                }
+            })()
         };
         let (addr, desired) = match prepared {
             Ok(Some(p)) => p,
@@ -264,11 +270,13 @@ async fn reconcile_loop(
                     failures = 0;
                     last_ok = Instant::now();
                     let observed = report.observed.into_iter();
-                    let changed = apply_observations(
-                        &ctl,
-                        &worker_id,
-                        observed.map(crate::backend::store_observation).collect(),
-                    );
+                    let changed = ctl
+                        .observe(
+                            &worker_id,
+                            observed.map(crate::backend::store_observation).collect(),
+                        )
+                        .await
+                        .unwrap_or(false);
                     apply_backend_extras(&ctl, &report.events, &report.logs);
                     if changed {
                         ctl.wake();
@@ -323,7 +331,8 @@ async fn reconcile_loop(
                 failures = 0;
                 last_ok = Instant::now();
                 let confirmed = ctl.confirm_worker(&worker_id);
-                let changed = apply_response(&ctl, &worker_id, resp) || confirmed;
+                let observed = response_observations(&ctl, &worker_id, resp);
+                let changed = stored.report(&ctl, &worker_id, observed).await || confirmed;
                 if changed {
                     ctl.wake();
                 }
@@ -352,6 +361,53 @@ async fn reconcile_loop(
                     return;
                 }
             }
+        }
+    }
+}
+
+/// How often a worker's heartbeat is written when its answers change nothing.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+
+/// What one reconcile loop has stored of its worker's answers. A worker repeats every live
+/// attempt's observation each round; one already stored changes nothing when applied again
+/// (observations are fenced by attempt uid and worker, and the controller's own moves never
+/// wait for a repeat), so only new or changed ones go to the writer, with the heartbeat, or the
+/// heartbeat alone every [`HEARTBEAT_EVERY`].
+#[derive(Default)]
+struct Stored {
+    observed: std::collections::HashMap<String, apply::Observation>,
+    beat: Option<Instant>,
+}
+
+impl Stored {
+    /// Stores what is new in `observed`; true when it changed state.
+    async fn report(
+        &mut self,
+        ctl: &Controller,
+        worker_id: &str,
+        observed: Vec<apply::Observation>,
+    ) -> bool {
+        // Forget attempts the worker no longer reports.
+        self.observed
+            .retain(|uid, _| observed.iter().any(|o| &o.attempt_uid == uid));
+        let fresh: Vec<apply::Observation> = observed
+            .into_iter()
+            .filter(|o| self.observed.get(&o.attempt_uid) != Some(o))
+            .collect();
+        let beat_due = self.beat.is_none_or(|b| b.elapsed() >= HEARTBEAT_EVERY);
+        if fresh.is_empty() && !beat_due {
+            return false;
+        }
+        match ctl.observe(worker_id, fresh.clone()).await {
+            Some(changed) => {
+                self.beat = Some(Instant::now());
+                for o in fresh {
+                    self.observed.insert(o.attempt_uid.clone(), o);
+                }
+                changed
+            }
+            // Not stored: everything is sent again next round.
+            None => false,
         }
     }
 }
@@ -439,7 +495,20 @@ fn apply_backend_extras(
     }
 }
 
+/// Applies a worker's reconcile answer directly (the loops go through `Controller::observe`).
+#[cfg(test)]
 fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse) -> bool {
+    let observed = response_observations(ctl, worker_id, resp);
+    crate::observe::apply_reports(ctl, &[(worker_id, &observed)])[0].unwrap_or(false)
+}
+
+/// A worker's reconcile answer as store observations; its host and usage samples are noted on
+/// the way.
+fn response_observations(
+    ctl: &Controller,
+    worker_id: &str,
+    resp: w::ReconcileResponse,
+) -> Vec<apply::Observation> {
     if let Some(host) = resp.health.as_ref().and_then(|h| h.resources) {
         ctl.note_host(worker_id, host);
     }
@@ -450,43 +519,20 @@ fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse)
             .filter_map(|o| Some((o.attempt_uid.clone(), o.resource_usage?)))
             .collect(),
     );
-    let observed = resp.observed.into_iter().map(|o| {
-        let state = TaskState::from_code(o.state).unwrap_or(TaskState::Unspecified);
-        apply::Observation {
-            attempt_uid: o.attempt_uid,
-            state,
-            exit_code: (state.is_terminal()).then_some(o.exit_code),
-            error: o.error,
-            status_message: o.status_message,
-            container_id: o.container_id,
-        }
-    });
-    apply_observations(ctl, worker_id, observed.collect())
-}
-
-/// Applies a worker's or backend's observations and marks it alive. True when any changed state.
-fn apply_observations(
-    ctl: &Controller,
-    worker_id: &str,
-    observed: Vec<apply::Observation>,
-) -> bool {
-    let now = iris_store::now_ms();
-    let mut conn = ctl.db();
-    let mut changed = false;
-    let res = (|| -> iris_store::Result<()> {
-        let tx = conn.begin()?;
-        for obs in &observed {
-            if apply::apply_observation(&tx, worker_id, obs, now)? {
-                changed = true;
+    resp.observed
+        .into_iter()
+        .map(|o| {
+            let state = TaskState::from_code(o.state).unwrap_or(TaskState::Unspecified);
+            apply::Observation {
+                attempt_uid: o.attempt_uid,
+                state,
+                exit_code: (state.is_terminal()).then_some(o.exit_code),
+                error: o.error,
+                status_message: o.status_message,
+                container_id: o.container_id,
             }
-        }
-        iris_store::workers::heartbeat(&tx, worker_id, now)?;
-        tx.commit()
-    })();
-    if let Err(e) = res {
-        tracing::error!(worker = %worker_id, error = %e, "applying reconcile response");
-    }
-    changed
+        })
+        .collect()
 }
 
 #[cfg(test)]

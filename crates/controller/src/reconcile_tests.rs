@@ -375,3 +375,60 @@ async fn a_worker_is_failed_only_after_three_failed_reconciles_even_with_no_grac
     // one or two would take under that (a failed call takes at most its 10 s timeout).
     assert!(took >= Duration::from_secs(120), "failed after {took:?}");
 }
+
+/// The observation writer commits many workers' answers together: each answer's verdict comes
+/// back to its own sender, and one worker reporting an attempt that is not its own changes
+/// nothing while the others in the same batch apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_attempts() {
+    let ctl = controller();
+    let n = 24;
+    for i in 0..n {
+        register(&ctl, &format!("w{i:02}"), 1, 4 * GIB);
+    }
+    for i in 0..n {
+        launch(&ctl, request(&format!("/alice/many{i:02}"), 1, 1000)).await;
+    }
+    // One placement per worker and tick at most: tick until every task is placed.
+    for _ in 0..n {
+        tick(&ctl).expect("tick");
+    }
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let t = format!("/alice/many{i:02}/0");
+        let holder = task(&ctl, &t).worker_id.expect("placed");
+        let obs = apply::Observation {
+            attempt_uid: uid(&ctl, &t),
+            state: TaskState::Running,
+            exit_code: None,
+            error: String::new(),
+            status_message: String::new(),
+            container_id: String::new(),
+        };
+        // Every fourth answer comes from a worker that does not hold the attempt.
+        let from = if i % 4 == 0 {
+            if holder == "w00" {
+                "w01".to_string()
+            } else {
+                "w00".to_string()
+            }
+        } else {
+            holder
+        };
+        let c = ctl.ctl.clone();
+        calls.push(tokio::spawn(async move {
+            (i, c.observe(&from, vec![obs]).await == Some(true))
+        }));
+    }
+    for call in calls {
+        let (i, changed) = call.await.expect("observe task");
+        let t = format!("/alice/many{i:02}/0");
+        if i % 4 == 0 {
+            assert!(!changed, "{t}: another worker's answer is fenced");
+            assert_eq!(task_state(&ctl, &t), TaskState::Assigned, "{t}");
+        } else {
+            assert!(changed, "{t}");
+            assert_eq!(task_state(&ctl, &t), TaskState::Running, "{t}");
+        }
+    }
+}

@@ -321,7 +321,7 @@ pub fn assign_task(
 }
 
 /// A worker's observation of one attempt.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
     pub attempt_uid: String,
     pub state: TaskState,
