@@ -284,12 +284,14 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
         Ok::<_, anyhow::Error>(())
     }
     .await;
+    // The controller first: stopped after the fleet, it would spend its last seconds logging
+    // thousands of failed reconciles.
+    let _ = ctl.kill();
+    let _ = ctl.wait();
     if let Some(mut f) = fleet {
         let _ = f.kill();
         let _ = f.wait();
     }
-    let _ = ctl.kill();
-    let _ = ctl.wait();
     let _ = std::fs::remove_dir_all(&dir);
     result.map(|()| 0)
 }

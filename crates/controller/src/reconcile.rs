@@ -388,8 +388,10 @@ impl Stored {
         observed: Vec<apply::Observation>,
     ) -> bool {
         // Forget attempts the worker no longer reports.
+        let reported: std::collections::HashSet<&str> =
+            observed.iter().map(|o| o.attempt_uid.as_str()).collect();
         self.observed
-            .retain(|uid, _| observed.iter().any(|o| &o.attempt_uid == uid));
+            .retain(|uid, _| reported.contains(uid.as_str()));
         let fresh: Vec<apply::Observation> = observed
             .into_iter()
             .filter(|o| self.observed.get(&o.attempt_uid) != Some(o))
