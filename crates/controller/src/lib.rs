@@ -121,6 +121,34 @@ pub struct Controller {
     autoscale: Mutex<autoscale::State>,
 }
 
+/// Starts thread `name`, which hands what arrives on `rx` to `write` in batches of at most
+/// `max` (whatever queued while the previous batch was written: group commit). It ends when the
+/// channel closes or the controller is gone.
+fn spawn_batcher<T: Send + 'static>(
+    name: &str,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+    max: usize,
+    ctl: std::sync::Weak<Controller>,
+    write: fn(&Controller, Vec<T>),
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            while let Some(first) = rx.blocking_recv() {
+                let mut batch = vec![first];
+                while batch.len() < max {
+                    match rx.try_recv() {
+                        Ok(item) => batch.push(item),
+                        Err(_) => break,
+                    }
+                }
+                let Some(c) = ctl.upgrade() else { return };
+                write(&c, batch);
+            }
+        })?;
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves SQLite consistent (transactions roll back on drop),
     // so recovering the guard is safe.
@@ -164,7 +192,7 @@ impl Controller {
         let snap = Db::open(&db_path).context("opening snapshot connection")?;
         let endpoint_db = Db::open(&db_path).context("opening endpoint connection")?;
         let reconcile_reader = Db::open(&db_path).context("opening the reconcile reader")?;
-        let (admissions, mut admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
+        let (admissions, admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
         let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
         let fed = federation::Federation::new(cfg.federation.clone())
@@ -205,26 +233,17 @@ impl Controller {
             metrics: metrics::Metrics::new(),
         });
         let weak = Arc::downgrade(&ctl);
-        observe::start(weak.clone(), observe_rx).context("starting the observation writer")?;
-        // The admission batcher: a plain thread (SQLite is blocking). It ends when the controller
-        // is dropped, because the channel's only sender lives in the controller.
-        std::thread::Builder::new()
-            .name("iris-admit".into())
-            .spawn(move || {
-                while let Some(first) = admit_rx.blocking_recv() {
-                    let mut batch = vec![first];
-                    while batch.len() < 256 {
-                        match admit_rx.try_recv() {
-                            Ok(a) => batch.push(a),
-                            Err(_) => break,
-                        }
-                    }
-                    match weak.upgrade() {
-                        Some(c) => c.admit_batch(batch),
-                        None => return,
-                    }
-                }
-            })
+        // Both writers are plain threads (SQLite is blocking). Each ends when the controller is
+        // dropped, because its channel's only sender lives in the controller.
+        spawn_batcher(
+            "iris-observe",
+            observe_rx,
+            512,
+            weak.clone(),
+            observe::write_batch,
+        )
+        .context("starting the observation writer")?;
+        spawn_batcher("iris-admit", admit_rx, 256, weak, Controller::admit_batch)
             .context("starting the admission thread")?;
         Ok(ctl)
     }

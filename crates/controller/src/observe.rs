@@ -8,11 +8,7 @@
 
 use crate::Controller;
 use iris_store::apply::{self, Observation};
-use std::sync::Weak;
 use tokio::sync::{mpsc, oneshot};
-
-/// Reports committed in one transaction at most.
-const MAX_BATCH: usize = 512;
 
 /// One worker's reconcile answer on its way to the store.
 pub(crate) struct Report {
@@ -24,37 +20,18 @@ pub(crate) struct Report {
 
 pub(crate) type Sender = mpsc::UnboundedSender<Report>;
 
-/// Starts the writer thread. It ends when the controller is dropped (the channel's only sender
-/// lives in the controller).
-pub(crate) fn start(
-    weak: Weak<Controller>,
-    mut rx: mpsc::UnboundedReceiver<Report>,
-) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name("iris-observe".into())
-        .spawn(move || {
-            while let Some(first) = rx.blocking_recv() {
-                let mut batch = vec![first];
-                while batch.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(r) => batch.push(r),
-                        Err(_) => break,
-                    }
-                }
-                let Some(ctl) = weak.upgrade() else { return };
-                let reports: Vec<(&str, &[Observation])> = batch
-                    .iter()
-                    .map(|r| (r.worker_id.as_str(), r.observed.as_slice()))
-                    .collect();
-                let changed = apply_reports(&ctl, &reports);
-                drop(reports);
-                for (r, changed) in batch.into_iter().zip(changed) {
-                    // The loop that sent it may have ended meanwhile: nothing to tell.
-                    let _ = r.reply.send(changed);
-                }
-            }
-        })?;
-    Ok(())
+/// Commits one batch of reports (up to 512, `crate::spawn_batcher`) and tells each sender.
+pub(crate) fn write_batch(ctl: &Controller, batch: Vec<Report>) {
+    let reports: Vec<(&str, &[Observation])> = batch
+        .iter()
+        .map(|r| (r.worker_id.as_str(), r.observed.as_slice()))
+        .collect();
+    let changed = apply_reports(ctl, &reports);
+    drop(reports);
+    for (r, changed) in batch.into_iter().zip(changed) {
+        // The loop that sent it may have ended meanwhile: nothing to tell.
+        let _ = r.reply.send(changed);
+    }
 }
 
 impl Controller {
@@ -88,38 +65,41 @@ pub(crate) fn apply_reports(
 ) -> Vec<Option<bool>> {
     let now = iris_store::now_ms();
     let mut conn = ctl.db();
-    let together = (|| -> iris_store::Result<Vec<Option<bool>>> {
-        let tx = conn.begin()?;
-        let mut out = Vec::with_capacity(reports.len());
-        for (worker_id, observed) in reports {
-            out.push(Some(apply_one(&tx, worker_id, observed, now)?));
-        }
-        tx.commit()?;
-        Ok(out)
-    })();
-    let changed = match together {
-        Ok(out) => out,
+    match in_one_tx(&mut conn, reports, now) {
+        Ok(changed) => changed.into_iter().map(Some).collect(),
         Err(e) if reports.len() == 1 => {
             tracing::error!(worker = %reports[0].0, error = %e, "applying reconcile response");
             vec![None]
         }
-        Err(_) => reports
-            .iter()
-            .map(|(worker_id, observed)| {
-                let one = (|| -> iris_store::Result<bool> {
-                    let tx = conn.begin()?;
-                    let changed = apply_one(&tx, worker_id, observed, now)?;
-                    tx.commit()?;
-                    Ok(changed)
-                })();
-                one.map_err(|e| {
-                    tracing::error!(worker = %worker_id, error = %e, "applying reconcile response");
+        Err(e) => {
+            tracing::warn!(reports = reports.len(), error = %e, "applying a batch of reconcile responses; retrying each alone");
+            reports
+                .iter()
+                .map(|r| match in_one_tx(&mut conn, std::slice::from_ref(r), now) {
+                    Ok(changed) => changed.first().copied(),
+                    Err(e) => {
+                        tracing::error!(worker = %r.0, error = %e, "applying reconcile response");
+                        None
+                    }
                 })
-                .ok()
-            })
-            .collect(),
-    };
-    changed
+                .collect()
+        }
+    }
+}
+
+/// Applies `reports` in one transaction: per report, whether it changed state.
+fn in_one_tx(
+    conn: &mut iris_store::Db,
+    reports: &[(&str, &[Observation])],
+    now: i64,
+) -> iris_store::Result<Vec<bool>> {
+    let tx = conn.begin()?;
+    let mut out = Vec::with_capacity(reports.len());
+    for (worker_id, observed) in reports {
+        out.push(apply_one(&tx, worker_id, observed, now)?);
+    }
+    tx.commit()?;
+    Ok(out)
 }
 
 fn apply_one(

@@ -267,6 +267,32 @@ fn digest(plan: &Plan) -> u64 {
     h.finish()
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// What `plan` decided over `snapshot`, with its digest.
+fn outcome(snapshot: &Snapshot, plan: &Plan) -> String {
+    format!(
+        "{} running, {} pending -> {} assignments, {} preemptions, {} reasons, plan {:016x}",
+        snapshot.running.len(),
+        snapshot.pending.len(),
+        plan.assignments.len(),
+        plan.preemptions.len(),
+        plan.pending_reasons.len(),
+        digest(plan)
+    )
+}
+
+fn print_times(what: &str, (med, min, max): (Duration, Duration, Duration)) {
+    println!(
+        "{what}: median {:.2} ms, min {:.2} ms, max {:.2} ms over the runs",
+        ms(med),
+        ms(min),
+        ms(max)
+    );
+}
+
 /// Median, min and max of `TICK_RUNS` (default 15) timed calls of `f`.
 fn time<T>(mut f: impl FnMut() -> T) -> (Duration, Duration, Duration) {
     let runs = std::env::var("TICK_RUNS")
@@ -321,23 +347,14 @@ fn main() {
             std::process::exit(2);
         }
     }
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "schedule: {} workers, {} running, {} pending -> {} assignments, {} preemptions, {} reasons, plan {:016x}",
+        "schedule: {} workers, {}",
         snapshot.workers.len(),
-        snapshot.running.len(),
-        snapshot.pending.len(),
-        warm.assignments.len(),
-        warm.preemptions.len(),
-        warm.pending_reasons.len(),
-        digest(&warm)
+        outcome(&snapshot, &warm)
     );
-    let (med, min, max) = time(|| schedule(&snapshot, &policy));
-    println!(
-        "schedule from scratch: median {:.2} ms, min {:.2} ms, max {:.2} ms over the runs",
-        ms(med),
-        ms(min),
-        ms(max)
+    print_times(
+        "schedule from scratch",
+        time(|| schedule(&snapshot, &policy)),
     );
     // Apply plans until the cluster takes no more (what a loaded cluster looks like tick after
     // tick), then one task finishes.
@@ -350,21 +367,10 @@ fn main() {
         ticks += 1;
     }
     println!("steady after {ticks} applied plans");
-    println!(
-        "steady: {} running, {} pending -> {} assignments, {} preemptions, {} reasons, plan {:016x}",
-        steady.running.len(),
-        steady.pending.len(),
-        next.assignments.len(),
-        next.preemptions.len(),
-        next.pending_reasons.len(),
-        digest(&next)
-    );
-    let (med, min, max) = time(|| schedule(&steady, &policy));
-    println!(
-        "schedule after one completion: median {:.2} ms, min {:.2} ms, max {:.2} ms over the runs",
-        ms(med),
-        ms(min),
-        ms(max)
+    println!("steady: {}", outcome(&steady, &next));
+    print_times(
+        "schedule after one completion",
+        time(|| schedule(&steady, &policy)),
     );
     // `explain` (ExplainTask) over the same snapshot, for a gang member and a solo task.
     for task in [

@@ -566,14 +566,7 @@ impl<'a> Engine<'a> {
         let head = &self.pending[first];
         let key = head.group_by.as_deref().unwrap_or("");
         let css: Vec<usize> = tasks.iter().map(|&p| self.cset_for(p)).collect();
-        let shape: GangShape = (
-            css.clone(),
-            key.to_string(),
-            tasks
-                .iter()
-                .map(|&p| request_node(&self.pending[p].resources))
-                .collect(),
-        );
+        let shape = self.gang_shape(tasks, &css, key);
         match self.gang_failed.get(&shape) {
             Some(Some(tail)) => {
                 let reason = format!("Coscheduled job {job}{tail}");
@@ -599,6 +592,15 @@ impl<'a> Engine<'a> {
         let reason = format!("Coscheduled job {job}{tail}");
         self.gang_failed.insert(shape, Some(tail));
         self.gang_failed_with(tasks, reason);
+    }
+
+    /// The shape of the gang of `tasks` (with constraint sets `css`, grouped by `key`).
+    pub(crate) fn gang_shape(&self, tasks: &[usize], css: &[usize], key: &str) -> GangShape {
+        let requests = tasks
+            .iter()
+            .map(|&p| request_node(&self.pending[p].resources))
+            .collect();
+        (css.to_vec(), key.to_string(), requests)
     }
 
     fn gang_failed_with(&mut self, tasks: &[usize], reason: String) {

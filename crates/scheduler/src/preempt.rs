@@ -5,7 +5,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::constraint::normalize;
 use crate::engine::{Engine, GangShape, Status, Unit};
-use crate::firstfit::request_node;
 use crate::model::{PendingTask, Preemption, ResourcesExt};
 use iris_types::{Band, Resources};
 
@@ -211,15 +210,7 @@ impl<'a> Engine<'a> {
         let css: Vec<usize> = tasks.iter().map(|&p| self.cset_for(p)).collect();
         // Nothing changes between successful preemptions, so a gang of the same shape, band and
         // variant as one that found no victims finds none either.
-        let shape: GangShape = (
-            css.clone(),
-            key.to_string(),
-            tasks
-                .iter()
-                .map(|&p| request_node(&self.pending[p].resources))
-                .collect(),
-        );
-        let memo = (shape, variant, band);
+        let memo = (self.gang_shape(tasks, &css, key), variant, band);
         if cache.contains(&memo) {
             return false;
         }

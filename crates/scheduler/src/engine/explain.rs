@@ -45,28 +45,7 @@ impl Engine<'_> {
                     self.policy.max_tasks_per_job_per_cycle, t.job
                 ),
                 Status::GangFailed(r) => r.clone(),
-                Status::GangNoRoom { head, n, cs } => {
-                    let (head, n, cs) = (*head, *n, *cs);
-                    if let Some(r) = memo.gangs.get(&head) {
-                        r.clone()
-                    } else {
-                        let h = &self.pending[head];
-                        let key = h.group_by.as_deref().unwrap_or("");
-                        let shape = (cs, key.to_string(), n, h.resources.to_string());
-                        let tail = match memo.gang_tails.get(&shape) {
-                            Some(tail) => tail.clone(),
-                            None => {
-                                let best = self.best_group(cs, key, &h.resources);
-                                let tail = self.gang_tail(n, key, &h.resources, best, cs);
-                                memo.gang_tails.insert(shape, tail.clone());
-                                tail
-                            }
-                        };
-                        let r = format!("Coscheduled job {}{tail}", h.job);
-                        memo.gangs.insert(head, r.clone());
-                        r
-                    }
-                }
+                Status::GangNoRoom { head, n, cs } => self.gang_memo(&mut memo, *head, *n, *cs),
                 Status::Failed { cset } => self.diagnose_memo(&mut memo, *cset, &t.resources),
                 Status::Skipped { head, cset } => {
                     if self.dominated(p, *head, *cset) {
@@ -81,6 +60,24 @@ impl Engine<'_> {
             };
             self.plan.pending_reasons.insert(t.task.clone(), reason);
         }
+    }
+
+    /// The reason of the gang whose first task is `head` (`n` hosts, constraint set `cs`) when
+    /// groups exist but none has room, computed once per gang and its text once per shape.
+    fn gang_memo(&self, memo: &mut Explainer, head: usize, n: usize, cs: usize) -> String {
+        if let Some(r) = memo.gangs.get(&head) {
+            return r.clone();
+        }
+        let h = &self.pending[head];
+        let key = h.group_by.as_deref().unwrap_or("");
+        let shape = (cs, key.to_string(), n, h.resources.to_string());
+        let tail = memo.gang_tails.entry(shape).or_insert_with(|| {
+            let best = self.best_group(cs, key, &h.resources);
+            self.gang_tail(n, key, &h.resources, best, cs)
+        });
+        let reason = format!("Coscheduled job {}{tail}", h.job);
+        memo.gangs.insert(head, reason.clone());
+        reason
     }
 
     fn diagnose_memo(&self, memo: &mut Explainer, cs: usize, req: &Resources) -> String {
