@@ -43,6 +43,10 @@ pub struct C1mArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 3_600)]
     timeout_s: u64,
+    /// Passed to the controller (`serve --max-reconciles-per-second`); a large value reconciles
+    /// every idle worker every second, as before the budget existed.
+    #[arg(long)]
+    max_reconciles_per_second: Option<u32>,
 }
 
 const SVC: &str = "iris.cluster.ControllerService";
@@ -126,7 +130,11 @@ const FINAL: [job::JobState; 5] = [
 
 pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
     let dir = crate::bench::tempdir()?;
-    let mut ctl = crate::bench_memory::spawn_controller(&dir)?;
+    let extra: Vec<String> = a
+        .max_reconciles_per_second
+        .map(|n| vec!["--max-reconciles-per-second".into(), n.to_string()])
+        .unwrap_or_default();
+    let mut ctl = crate::bench_memory::spawn_controller_with(&dir, &extra)?;
     let mut fleet: Option<std::process::Child> = None;
     let result = async {
         let url = wait_url(&dir, &mut ctl)?;

@@ -164,10 +164,19 @@ pub(crate) fn wait_url(dir: &Path, child: &mut std::process::Child) -> anyhow::R
 /// `iris cluster controller serve` on `dir` and an ephemeral loopback port, as its own process
 /// (so its memory is measured alone); the caller kills it.
 pub(crate) fn spawn_controller(dir: &Path) -> anyhow::Result<std::process::Child> {
+    spawn_controller_with(dir, &[])
+}
+
+/// [`spawn_controller`] with more `serve` flags.
+pub(crate) fn spawn_controller_with(
+    dir: &Path,
+    extra: &[String],
+) -> anyhow::Result<std::process::Child> {
     Command::new(std::env::current_exe()?)
         .args(["cluster", "controller", "serve", "--state-dir"])
         .arg(dir)
         .args(["--bind", "127.0.0.1:0"])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -24,7 +24,15 @@ pub struct ReadsArgs {
     /// Timed calls of each read (median and 99th percentile reported).
     #[arg(long, default_value_t = 200)]
     runs: usize,
+    /// Keep the controller's state here (created if missing) instead of a temporary directory.
+    /// A directory an earlier run filled with the same counts is reused as it is, so one DB can
+    /// be timed by two builds.
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
 }
+
+/// Written after a fill: the counts it holds, so a later run can reuse the directory.
+const FILLED: &str = "bench-reads-filled";
 
 const SVC: &str = "iris.cluster.ControllerService";
 
@@ -57,14 +65,40 @@ async fn time_calls<
 }
 
 pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
-    let dir = crate::bench::tempdir()?;
+    let dir = match &a.state_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)
+                .map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", d.display()))?;
+            d.clone()
+        }
+        None => crate::bench::tempdir()?,
+    };
+    let counts = format!("{} {}", a.finished, a.live);
+    let reuse = std::fs::read_to_string(dir.join(FILLED)).is_ok_and(|s| s.trim() == counts);
+    if !reuse && dir.join("controller.sqlite3").exists() {
+        anyhow::bail!(
+            "--state-dir {} holds a DB not filled with --finished {} --live {}; pick an empty directory",
+            dir.display(),
+            a.finished,
+            a.live
+        );
+    }
+    // A reused directory holds the last run's address: wait for this run's.
+    let _ = std::fs::remove_file(dir.join("controller.url"));
     let mut child = crate::bench_memory::spawn_controller(&dir)?;
     let result = async {
         let url = wait_url(&dir, &mut child)?;
-        let t = Instant::now();
-        crate::bench_checkpoint::fill(&url, a.finished, a.clients).await?;
-        let fill_s = t.elapsed().as_secs_f64();
-        let live_s = crate::bench_memory::submit(&url, a.live, a.clients).await?;
+        let (fill_s, live_s) = if reuse {
+            println!("reusing the DB in {}", dir.display());
+            (f64::NAN, f64::NAN)
+        } else {
+            let t = Instant::now();
+            crate::bench_checkpoint::fill(&url, a.finished, a.clients).await?;
+            let fill_s = t.elapsed().as_secs_f64();
+            let live_s = crate::bench_memory::submit(&url, a.live, a.clients).await?;
+            std::fs::write(dir.join(FILLED), &counts)?;
+            (fill_s, live_s)
+        };
         // Let the tick and the allocator settle.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (rss, hwm) = rss_kib(child.id())?;
@@ -113,7 +147,9 @@ pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
     .await;
     let _ = child.kill();
     let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
+    if a.state_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     let (fill_s, live_s, rss, hwm, list, describe, state, db) = result?;
     println!(
         "{} finished jobs in {:.0} s ({:.0} submit+terminate pairs/s), {} live in {:.1} s",

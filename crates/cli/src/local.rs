@@ -94,6 +94,9 @@ pub struct ServeArgs {
     /// Seconds without a successful reconcile before a worker is declared failed.
     #[arg(long, default_value_t = 10.0)]
     pub worker_grace: f64,
+    /// Idle reconciles per second the whole fleet may make (past it, idle rounds stretch).
+    #[arg(long, default_value_t = 1000)]
+    pub max_reconciles_per_second: u32,
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Checkpoints and the rollout record: a local path or a file://, s3:// or gs:// URL
@@ -575,6 +578,7 @@ pub async fn serve_controller(a: ServeArgs) -> anyhow::Result<i32> {
     }
     ccfg.revision_date = revision_date();
     ccfg.worker_grace = Duration::from_secs_f64(a.worker_grace.max(0.1));
+    ccfg.max_reconciles_per_second = a.max_reconciles_per_second;
     if !(a.query_timeout > 0.0 && a.query_timeout.is_finite()) {
         anyhow::bail!("--query-timeout: must be a positive number of seconds");
     }

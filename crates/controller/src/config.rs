@@ -92,7 +92,14 @@ pub struct ControllerConfig {
     pub revision_date: Option<String>,
     /// A worker is failed after this long without a successful reconcile (and ≥3 failures).
     pub worker_grace: Duration,
+    /// How often an idle worker is reconciled when the fleet is small (see
+    /// `max_reconciles_per_second`). A worker whose desired set changes, or that pokes the
+    /// controller because an attempt ended, is reconciled at once whatever this says.
     pub reconcile_interval: Duration,
+    /// The fleet's budget of idle reconciles: with more than this many workers per second of
+    /// `reconcile_interval`, each idle worker's round is stretched to `workers / this` seconds,
+    /// so the cost of a quiet fleet stays flat as it grows (Nomad caps heartbeats the same way).
+    pub max_reconciles_per_second: u32,
     /// Declared scale groups: a job no group and no worker could ever host is refused at submit.
     pub groups: Vec<GroupCapacity>,
     /// Query limits for `ExecuteRawQuery`.
@@ -134,6 +141,7 @@ impl ControllerConfig {
             auth: None,
             worker_grace: Duration::from_secs(10),
             reconcile_interval: Duration::from_secs(1),
+            max_reconciles_per_second: 1000,
             groups: Vec::new(),
             query_time_limit: Duration::from_secs(10),
             query_max_rows: 10_000,

@@ -227,11 +227,20 @@ async fn reconcile_loop(
     // One client per worker address, kept across rounds (keep-alive, parsed URLs).
     let mut client: Option<(String, iris_rpc::Client)> = None;
     let mut stored = Stored::default();
+    // After a failed round the next comes at the base interval, so a lost worker is noticed as
+    // quickly in a large fleet as in a small one.
+    let mut wait = ctl.cfg.reconcile_interval;
     loop {
         tokio::select! {
             _ = poke.notified() => {}
-            _ = tokio::time::sleep(ctl.cfg.reconcile_interval) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
+        let fleet = lock(&ctl.workers).len();
+        wait = idle_interval(
+            ctl.cfg.reconcile_interval,
+            fleet,
+            ctl.cfg.max_reconciles_per_second,
+        );
         let current = lock(&ctl.workers).get(&worker_id).map(|l| l.generation);
         if current != Some(generation) {
             return;
@@ -339,6 +348,7 @@ async fn reconcile_loop(
             }
             Err(e) => {
                 failures += 1;
+                wait = ctl.cfg.reconcile_interval;
                 tracing::warn!(worker = %worker_id, failures, error = %e, "reconcile failed");
                 if failures >= 3 && last_ok.elapsed() >= ctl.cfg.worker_grace {
                     tracing::warn!(worker = %worker_id, "declaring worker failed");
@@ -363,6 +373,13 @@ async fn reconcile_loop(
             }
         }
     }
+}
+
+/// How long an idle worker waits for its next round: `base`, or longer once the fleet would
+/// exceed `max_per_second` idle rounds, so that `fleet` workers together make at most that many.
+pub(crate) fn idle_interval(base: Duration, fleet: usize, max_per_second: u32) -> Duration {
+    let spread = Duration::from_secs_f64(fleet as f64 / f64::from(max_per_second.max(1)));
+    base.max(spread)
 }
 
 /// How often a worker's heartbeat is written when its answers change nothing.

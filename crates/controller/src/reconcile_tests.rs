@@ -376,6 +376,35 @@ async fn a_worker_is_failed_only_after_three_failed_reconciles_even_with_no_grac
     assert!(took >= Duration::from_secs(120), "failed after {took:?}");
 }
 
+#[test]
+fn idle_rounds_stretch_with_the_fleet_past_the_budget() {
+    let base = Duration::from_secs(1);
+    assert_eq!(idle_interval(base, 1, 1000), base);
+    assert_eq!(idle_interval(base, 1000, 1000), base);
+    assert_eq!(idle_interval(base, 5000, 1000), Duration::from_secs(5));
+    assert_eq!(idle_interval(base, 5000, 0), Duration::from_secs(5000));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_worker_in_a_stretched_fleet_is_retried_at_the_base_interval() {
+    let ctl = controller_with(|c| {
+        c.worker_grace = Duration::ZERO;
+        c.reconcile_interval = Duration::from_secs(1);
+        // Ten workers at one idle round a second: each idle worker waits 10 s.
+        c.max_reconciles_per_second = 1;
+    });
+    for i in 1..10 {
+        let id = format!("w{i}");
+        register_at(&ctl, &id, &refusing_address(), 8, 32 * GIB);
+        ensure_reconciler(&ctl, &id);
+    }
+    register_at(&ctl, "w0", &refusing_address(), 8, 32 * GIB);
+    let took = time_until_failed(&ctl, "w0").await;
+    // Three rounds: the first at once, the next two one base interval after each failure. At
+    // the stretched interval they would take at least 20 s.
+    assert!(took < Duration::from_secs(10), "failed after {took:?}");
+}
+
 /// The observation writer commits many workers' answers together: each answer's verdict comes
 /// back to its own sender, and one worker reporting an attempt that is not its own changes
 /// nothing while the others in the same batch apply.
