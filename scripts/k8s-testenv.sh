@@ -266,9 +266,13 @@ up() {
   rm -rf "$RUN"; mkdir -p "$RUN/logs" "$RUN/pids" "$RUN/etcd"
   trap up_failed EXIT
   local t0=$SECONDS
-  local p_etcd p_peer p_api p_kcm p_sched p_hook p_health token
+  local p_etcd p_peer p_api p_kcm p_sched p_hook p_health p_proxy p_kubelet token
   free_port p_etcd; free_port p_peer; free_port p_api; free_port p_kcm
   free_port p_sched; free_port p_hook; free_port p_health; free_port p_proxy
+  # The nodes' kubelet endpoint (every node is 127.0.0.1): the node agent serves container logs
+  # there, with the run's serving certificate, and the API server proxies `pods/log` to it.
+  free_port p_kubelet
+  echo "$p_kubelet" >"$RUN/kubelet-port"
   token=$(openssl rand -hex 16)
   certs
   echo "$token,admin,admin,system:masters" >"$RUN/pki/tokens.csv"
@@ -288,7 +292,8 @@ up() {
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$RUN/pki/sa.pub" --service-account-signing-key-file="$RUN/pki/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 --endpoint-reconciler-type=none \
-    --disable-admission-plugins=TaintNodesByCondition --cert-dir="$RUN/apiserver"
+    --disable-admission-plugins=TaintNodesByCondition --cert-dir="$RUN/apiserver" \
+    --kubelet-preferred-address-types=InternalIP --kubelet-certificate-authority="$RUN/pki/ca.crt"
   wait_for kube-apiserver 90 curl -sf --cacert "$RUN/pki/ca.crt" -H "Authorization: Bearer $token" \
     "https://127.0.0.1:$p_api/readyz"
 
@@ -331,7 +336,7 @@ EOF
   wait_for kube-controller-manager 60 kc -n "$NS" get serviceaccount default
 
   if [[ ${IRIS_K8S_NODES:-1} != 0 ]]; then
-    "$SRC/nodes.sh" | kc apply -f - >/dev/null
+    IRIS_K8S_KUBELET_PORT=$p_kubelet "$SRC/nodes.sh" | kc apply -f - >/dev/null
   fi
   if [[ ${IRIS_K8S_KUEUE_OBJECTS:-1} != 0 ]]; then
     # The webhook server may still be warming up: retry the admin objects briefly.
@@ -341,6 +346,7 @@ EOF
 export KUBECONFIG=$RUN/kubeconfig
 export IRIS_K8S_HTTP_KUBECONFIG=$RUN/kubeconfig-http
 export IRIS_K8S_NAMESPACE=$NS
+export IRIS_K8S_KUBELET_PORT=$p_kubelet
 EOF
   trap - EXIT
   log "up in $((SECONDS - t0)) s: API server https://127.0.0.1:$p_api, logs in $RUN/logs"

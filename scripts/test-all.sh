@@ -9,5 +9,12 @@ if ! command -v ip >/dev/null; then
     apt-get install -y iproute2 || { apt-get update && apt-get install -y iproute2; }
 fi
 bash tests/objstore/setup.sh
+# The real Kubernetes control plane under crates/cli/tests/kubernetes_real.rs: etcd,
+# kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and Kueue built from their Go
+# modules, once per machine (14-22 min cold on 2 cores; cached under ~/.cache/iris/k8s).
+for t in jq openssl curl; do
+    command -v "$t" >/dev/null || { apt-get update && apt-get install -y jq openssl curl; break; }
+done
+bash scripts/k8s-testenv.sh build
 cargo test --workspace --all-targets
 bash tests/compat/run.sh

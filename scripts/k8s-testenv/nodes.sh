@@ -2,7 +2,8 @@
 # Prints the test cluster's Node objects (YAML) for `kubectl apply`: CoreWeave-shaped labels and
 # capacities, Ready, with no kubelet behind them (kube-scheduler binds to them all the same).
 #   IRIS_K8S_CPU_NODES (default 2), IRIS_K8S_H100_NODES (default 4, two per leafgroup),
-#   IRIS_K8S_LABEL_PREFIX (default iris: nodes carry iris-<prefix>-managed=true).
+#   IRIS_K8S_LABEL_PREFIX (default iris: nodes carry iris-<prefix>-managed=true),
+#   IRIS_K8S_KUBELET_PORT (default 10250: where the node agent serves container logs).
 set -euo pipefail
 PREFIX=${IRIS_K8S_LABEL_PREFIX:-iris}
 NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -46,7 +47,7 @@ status:
   - {type: InternalIP, address: 127.0.0.1}
   - {type: Hostname, address: $name}
   daemonEndpoints:
-    kubeletEndpoint: {Port: 10250}
+    kubeletEndpoint: {Port: ${IRIS_K8S_KUBELET_PORT:-10250}}
   conditions:
   - {type: Ready, status: "True", reason: KubeletReady, message: registered by k8s-testenv, lastHeartbeatTime: "$NOW", lastTransitionTime: "$NOW"}
   nodeInfo: {architecture: amd64, operatingSystem: linux, kubeletVersion: v1.35.4, bootID: "", containerRuntimeVersion: "", kernelVersion: "", kubeProxyVersion: "", machineID: "", osImage: "", systemUUID: ""}

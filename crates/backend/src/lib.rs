@@ -42,6 +42,22 @@ pub trait Backend: Send + Sync {
     fn reconcile(&self, desired: Vec<DesiredAttempt>) -> BoxFuture<'_, Result<Report, Error>>;
     /// What `ListBackends` shows for it.
     fn summary(&self) -> BoxFuture<'_, Result<Summary, Error>>;
+    /// Refuses at submit, with the reason, a job this backend could never run (a gang shape its
+    /// topology rules reject), so it fails fast instead of waiting. Default: no objection.
+    fn check_job(&self, _job: &JobShape<'_>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// What [`Backend::check_job`] sees of a submitted job.
+#[derive(Clone, Copy, Debug)]
+pub struct JobShape<'a> {
+    /// Tasks in the job.
+    pub replicas: u32,
+    /// `coscheduling.group_by`, when the job is a gang.
+    pub group_by: Option<&'a str>,
+    /// GPUs each task asks for.
+    pub gpus_per_task: u32,
 }
 
 /// A backend failure, with whether trying again later may help.

@@ -320,6 +320,75 @@ fn pods_kueue_and_lifecycle() {
     });
     c.iris(&["job", "cancel", &bad]).ok();
 
+    // Gang shapes are checked at submit. Without --group-by, a multi-replica GPU job gets the
+    // published CLI's level (leafgroup for H100); an NVL72 gang that cannot split into rack
+    // slices is refused by the CLI, and an explicit one by the controller, with the arithmetic.
+    let auto = env.run(
+        "auto-level",
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "H100x1",
+            "--replicas",
+            "2",
+        ],
+        &["true"],
+    );
+    let co = c.job_request(&auto).coscheduling.map(|c| c.group_by);
+    assert_eq!(co.as_deref(), Some("leafgroup"));
+    env.wait_state(&auto, "succeeded");
+    let refused = c.iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--no-bundle",
+        "--job-name",
+        "rack72",
+        "--enable-extra-resources",
+        "--gpu",
+        "GB200x4",
+        "--replicas",
+        "72",
+        "--",
+        "true",
+    ]);
+    assert!(
+        refused.stderr.contains("--replicas 72 for GB200")
+            && refused
+                .stderr
+                .contains("72 nodes do not divide evenly across 5 racks"),
+        "{}",
+        refused.stderr
+    );
+    let refused = c.iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--no-bundle",
+        "--job-name",
+        "rack72",
+        "--enable-extra-resources",
+        "--gpu",
+        "GB200x4",
+        "--replicas",
+        "72",
+        "--group-by",
+        "nvlink.domain.sliced",
+        "--",
+        "true",
+    ]);
+    assert!(
+        refused
+            .stderr
+            .contains("coscheduling.group_by `nvlink.domain.sliced` with 72 replicas")
+            && refused
+                .stderr
+                .contains("72 nodes do not divide evenly across 5 racks"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!c.iris(&["job", "list"]).stdout.contains("rack72"));
+
     // A federation hub routes an H100 job to this Kubernetes cluster by what its backend reports.
     let keys = tempfile::tempdir().expect("keys");
     let (key, _) = common::init_keys(keys.path(), "hub");

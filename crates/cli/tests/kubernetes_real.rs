@@ -4,13 +4,14 @@
 //! kubelet for them. A CPU job's pod must be gated and admitted by the real Kueue (TAS pins
 //! it to a hostname), bound by the real kube-scheduler, run by the agent, and the job succeed.
 //!
-//! Ignored until CI installs the environment: its first run builds the control plane from Go
-//! (about 14 minutes on two cores). When the environment cannot start, the test fails.
+//! CI builds the control plane first (`scripts/test-all.sh` runs `scripts/k8s-testenv.sh build`;
+//! about 14–22 minutes on two cores, once per machine). When the environment cannot start, the
+//! test fails: it never skips.
 
 mod common;
 
 use common::{wait_for, TestCluster};
-use iris_kube_testkit::NodeAgent;
+use iris_kube_testkit::{KubeletEndpoint, NodeAgent};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -31,20 +32,37 @@ struct RealEnv {
 }
 
 impl RealEnv {
+    /// kubectl's standard output (what it printed, also when it failed).
     fn kubectl(&self, args: &[&str]) -> String {
+        String::from_utf8_lossy(&self.kubectl_out(args).stdout).into_owned()
+    }
+
+    /// The built kubectl (the API server's own version) against this cluster.
+    fn kubectl_out(&self, args: &[&str]) -> std::process::Output {
         let bin = Command::new("bash")
             .arg(script())
             .arg("bin")
             .output()
             .expect("k8s-testenv.sh bin");
         let bin = String::from_utf8_lossy(&bin.stdout).trim().to_string();
-        let out = Command::new(Path::new(&bin).join("kubectl"))
+        Command::new(Path::new(&bin).join("kubectl"))
             .arg("--kubeconfig")
             .arg(self.run_dir.join("kubeconfig"))
             .args(args)
             .output()
-            .expect("kubectl");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+            .expect("kubectl")
+    }
+
+    /// The controller config pointing the Kubernetes backend at this cluster.
+    fn config(&self) -> String {
+        format!(
+            "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: http://127.0.0.1:9\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  h100:\n    num_vms: 4\n    resources: {{cpu: 128, ram: 2000GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
+            self.run_dir.join("kubeconfig").display()
+        )
+    }
+
+    fn ran(&self) -> Vec<iris_kube_testkit::RanPod> {
+        self.agent.as_ref().map(|a| a.ran()).unwrap_or_default()
     }
 }
 
@@ -108,22 +126,24 @@ fn start_env() -> RealEnv {
     );
     let kubeconfig = env.run_dir.join("kubeconfig");
     let work = env.dir.path().join("node-agent");
+    let port = std::fs::read_to_string(env.run_dir.join("kubelet-port")).expect("kubelet-port");
+    let kubelet = KubeletEndpoint {
+        port: port.trim().parse().expect("kubelet port"),
+        cert: env.run_dir.join("pki/serving.crt"),
+        key: env.run_dir.join("pki/serving.key"),
+    };
     let agent = env
         .rt
-        .block_on(NodeAgent::start(&kubeconfig, NS, work))
+        .block_on(NodeAgent::start(&kubeconfig, NS, work, Some(kubelet)))
         .expect("node agent");
     env.agent = Some(agent);
     env
 }
 
 #[test]
-#[ignore = "needs scripts/k8s-testenv.sh's Go-built control plane (first run builds ~14 min); CI does not install it yet"]
 fn cpu_job_through_real_kueue_and_scheduler() {
     let env = start_env();
-    let yaml = format!(
-        "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: http://127.0.0.1:9\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  h100:\n    num_vms: 4\n    resources: {{cpu: 128, ram: 2000GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
-        env.run_dir.join("kubeconfig").display()
-    );
+    let yaml = env.config();
     let cluster = TestCluster::start_with_args(&[], Some(&yaml), &[]);
     let job = run(
         &cluster,
@@ -132,7 +152,7 @@ fn cpu_job_through_real_kueue_and_scheduler() {
         &["sh", "-c", "echo hello-from-a-real-pod"],
     );
     let summary = finish(&cluster, &job);
-    let ran = env.agent.as_ref().map(|a| a.ran()).unwrap_or_default();
+    let ran = env.ran();
     assert_eq!(
         summary["state"],
         "succeeded",
@@ -145,6 +165,15 @@ fn cpu_job_through_real_kueue_and_scheduler() {
     // The container's command ran as a local process (its output is in the agent's log file).
     let logs = logs_under(&env.dir.path().join("node-agent"));
     assert!(logs.contains("hello-from-a-real-pod"), "{logs}");
+    // The backend read the container log through the API server's `pods/log`, which the API
+    // server proxied to the node's kubelet endpoint (the agent's), verified by the test CA.
+    let shipped = wait_for(LONG, "the pod's output in iris job logs", || {
+        let o = cluster.iris(&["job", "logs", &job]);
+        o.stdout
+            .contains("hello-from-a-real-pod")
+            .then_some(o.stdout)
+    });
+    assert!(!shipped.contains("500"), "{shipped}");
     // Kueue admitted the pod's Workload into the ClusterQueue through the cw-tas flavor.
     let wl = env.kubectl(&["-n", NS, "get", "workloads.kueue.x-k8s.io", "-o", "json"]);
     let wl: serde_json::Value = serde_json::from_str(&wl).unwrap_or_default();
@@ -157,7 +186,12 @@ fn cpu_job_through_real_kueue_and_scheduler() {
     assert!(admitted, "{wl}");
     // Cancel deletes the pod: the real API server marks it, the agent kills the process and
     // confirms the deletion, Kueue drops its finalizer.
-    let long = run(&cluster, "long", &[], &["sleep", "300"]);
+    let long = run(
+        &cluster,
+        "long",
+        &[],
+        &["sh", "-c", "echo long-job-started; sleep 300"],
+    );
     wait_for(LONG, "the long job to run", || {
         (cluster.summary(&long)["state"] == "running").then_some(())
     });
@@ -169,6 +203,13 @@ fn cpu_job_through_real_kueue_and_scheduler() {
             .into_iter()
             .find(|p| p.name.contains("long"))
     });
+    // `kubectl logs` reads the running container through the API server and the agent.
+    let logs = wait_for(LONG, "kubectl logs of the long job's pod", || {
+        let o = env.kubectl_out(&["-n", NS, "logs", &pod.name, "-c", "task"]);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        out.contains("long-job-started").then_some(out)
+    });
+    assert_eq!(logs.trim(), "long-job-started");
     cluster.iris(&["job", "cancel", &long]).ok();
     wait_for(LONG, "the cancelled job's pod to be deleted", || {
         let pods = env.kubectl(&["-n", NS, "get", "pods", "-o", "name"]);
@@ -200,13 +241,9 @@ fn logs_under(dir: &Path) -> String {
 }
 
 #[test]
-#[ignore = "needs scripts/k8s-testenv.sh's Go-built control plane (first run builds ~14 min); CI does not install it yet"]
 fn gpu_job_and_leafgroup_gang_through_real_kueue() {
     let env = start_env();
-    let yaml = format!(
-        "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: http://127.0.0.1:9\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  h100:\n    num_vms: 4\n    resources: {{cpu: 128, ram: 2000GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
-        env.run_dir.join("kubeconfig").display()
-    );
+    let yaml = env.config();
     let cluster = TestCluster::start_with_args(&[], Some(&yaml), &[]);
     let one = run(
         &cluster,
@@ -214,6 +251,7 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
         &["--enable-extra-resources", "--gpu", "H100x1"],
         &["true"],
     );
+    // No --group-by: the CLI picks the H100 level (leafgroup), as the published CLI does.
     let gang = run(
         &cluster,
         "gang",
@@ -223,14 +261,20 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
             "H100x2",
             "--replicas",
             "8",
-            "--group-by",
-            "leafgroup",
         ],
         &["sh", "-c", "echo rank $IRIS_TASK_ID"],
     );
+    assert_eq!(
+        cluster
+            .job_request(&gang)
+            .coscheduling
+            .map(|c| c.group_by)
+            .as_deref(),
+        Some("leafgroup")
+    );
     for job in [&one, &gang] {
         let summary = finish(&cluster, job);
-        let ran = env.agent.as_ref().map(|a| a.ran()).unwrap_or_default();
+        let ran = env.ran();
         assert_eq!(
             summary["state"],
             "succeeded",
@@ -240,7 +284,7 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
         );
     }
     // GPU pods went to H100 nodes only, and the leafgroup gang's eight pods to one leaf.
-    let ran = env.agent.as_ref().map(|a| a.ran()).unwrap_or_default();
+    let ran = env.ran();
     assert!(ran.iter().all(|p| p.node.starts_with("h100-")), "{ran:?}");
     let gang_nodes: std::collections::BTreeSet<&str> = ran
         .iter()
@@ -253,7 +297,6 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
 }
 
 #[test]
-#[ignore = "needs scripts/k8s-testenv.sh's Go-built control plane (first run builds ~14 min); CI does not install it yet"]
 fn quota_hold_and_preemption_through_real_kueue() {
     let env = start_env();
     // 16 GPUs of quota: one 8×2 gang fills it.
@@ -266,10 +309,7 @@ fn quota_hold_and_preemption_through_real_kueue() {
         "-p",
         patch,
     ]);
-    let yaml = format!(
-        "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: http://127.0.0.1:9\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  h100:\n    num_vms: 4\n    resources: {{cpu: 128, ram: 2000GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
-        env.run_dir.join("kubeconfig").display()
-    );
+    let yaml = env.config();
     let cluster = TestCluster::start_with_args(&[], Some(&yaml), &[]);
     let gang = |name: &str, band: &str, cmd: &[&str]| {
         let mut flags = vec![
@@ -330,4 +370,157 @@ fn quota_hold_and_preemption_through_real_kueue() {
         env.kubectl(&["get", "pods", "-A", "-o", "json"])
     );
     cluster.iris(&["job", "cancel", &batch]).ok();
+}
+
+/// The first attempt states of a task, oldest first.
+fn attempt_states(cluster: &TestCluster, task: &str) -> Vec<i64> {
+    cluster
+        .attempts(task)
+        .iter()
+        .filter_map(|r| r["state"].as_i64())
+        .collect()
+}
+
+/// The pod the agent ran for the first attempt of `task`.
+fn pod_of(env: &RealEnv, cluster: &TestCluster, task: &str) -> iris_kube_testkit::RanPod {
+    wait_for(LONG, &format!("the pod of {task} to run"), || {
+        let rows = cluster.attempts(task);
+        let first = rows.first()?;
+        let id = first["attempt_id"].as_i64().unwrap_or(0) as u32;
+        let uid = first["attempt_uid"].as_str().unwrap_or("").to_string();
+        let name = iris_kube_model::manifest::pod_name(task, id, &uid);
+        env.ran().into_iter().find(|p| p.name == name)
+    })
+}
+
+/// Asks the API server to evict `pod` (the Eviction API, as `kubectl drain` does).
+fn evict(env: &RealEnv, pod: &str) -> std::process::Output {
+    let body = env.dir.path().join(format!("evict-{pod}.json"));
+    let eviction = serde_json::json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": NS},
+    });
+    std::fs::write(&body, eviction.to_string()).expect("eviction body");
+    let path = format!("/api/v1/namespaces/{NS}/pods/{pod}/eviction");
+    env.kubectl_out(&["create", "--raw", &path, "-f", &body.to_string_lossy()])
+}
+
+#[test]
+fn evictions_pdbs_lost_pods_and_image_pulls_through_the_real_api_server() {
+    let env = start_env();
+    let yaml = env.config();
+    let cluster = TestCluster::start_with_args(&[], Some(&yaml), &[]);
+
+    // A production coordinator (one CPU task) is covered by a minAvailable=1 PDB: the API
+    // server refuses to evict it, and it keeps running.
+    cluster
+        .iris(&["user", "budget", "set", "ops", "--max-band", "production"])
+        .ok();
+    let coord = run(
+        &cluster,
+        "coord",
+        &["--user", "ops", "--priority", "production"],
+        &["sleep", "300"],
+    );
+    wait_for(LONG, "the coordinator to run", || {
+        (cluster.summary(&coord)["state"] == "running").then_some(())
+    });
+    let pod = pod_of(&env, &cluster, &format!("{coord}/0"));
+    let refused = wait_for(LONG, "the PDB to refuse the eviction", || {
+        // The disruption controller computes the PDB's status shortly after it is created;
+        // until then the API server refuses for the same reason.
+        let o = evict(&env, &pod.name);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        (!o.status.success() && err.contains("disruption budget")).then_some(err)
+    });
+    assert!(refused.contains("disruption budget"), "{refused}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        cluster.summary(&coord)["state"],
+        "running",
+        "{}",
+        env.kubectl(&["-n", NS, "get", "pods", "-o", "wide"])
+    );
+    cluster.iris(&["job", "cancel", &coord]).ok();
+
+    // A task pod of a two-replica job has no PDB: the eviction goes through, the API server marks
+    // the pod DisruptionTarget, and the attempt ends PREEMPTED with the node named.
+    let pair = run(
+        &cluster,
+        "pair",
+        &["--replicas", "2"],
+        &["sh", "-c", "echo replica $IRIS_TASK_ID; sleep 300"],
+    );
+    wait_for(LONG, "the pair to run", || {
+        (cluster.summary(&pair)["state"] == "running").then_some(())
+    });
+    let victim = pod_of(&env, &cluster, &format!("{pair}/0"));
+    let o = evict(&env, &victim.name);
+    assert!(
+        o.status.success(),
+        "eviction: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let task = format!("{pair}/0");
+    wait_for(LONG, "the evicted attempt to be PREEMPTED", || {
+        (attempt_states(&cluster, &task).first() == Some(&10)).then_some(())
+    });
+    let ev = cluster.iris(&["task", "events", &task]);
+    assert!(ev.ok().contains("k8s/disruption"), "{}", ev.stdout);
+    assert!(
+        ev.stdout.contains(&victim.node),
+        "the node is named: {}",
+        ev.stdout
+    );
+    cluster.iris(&["job", "cancel", &pair]).ok();
+
+    // A pod that vanishes (its finalizers dropped, force-deleted) is given up after three scans:
+    // WORKER_FAILED.
+    let lost = run(
+        &cluster,
+        "lost",
+        &["--max-retries-preemption", "0"],
+        &["sleep", "300"],
+    );
+    wait_for(LONG, "the lost job to run", || {
+        (cluster.summary(&lost)["state"] == "running").then_some(())
+    });
+    let gone = pod_of(&env, &cluster, &format!("{lost}/0"));
+    env.kubectl(&[
+        "-n",
+        NS,
+        "patch",
+        "pod",
+        &gone.name,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ]);
+    env.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "pod",
+        &gone.name,
+        "--grace-period=0",
+        "--force",
+    ]);
+    let task = format!("{lost}/0");
+    wait_for(LONG, "the lost attempt to be WORKER_FAILED", || {
+        (attempt_states(&cluster, &task).first() == Some(&7)).then_some(())
+    });
+
+    // An image the node cannot pull: the pod stays Pending in ImagePullBackOff, and Iris says so.
+    let bad = run(
+        &cluster,
+        "badimage",
+        &["--task-image", "registry.example/does-not-exist:1"],
+        &["true"],
+    );
+    wait_for(LONG, "ImagePullBackOff in task describe", || {
+        let td = cluster.iris(&["task", "describe", &format!("{bad}/0")]);
+        td.stdout.contains("ImagePullBackOff").then_some(())
+    });
+    cluster.iris(&["job", "cancel", &bad]).ok();
 }

@@ -173,6 +173,15 @@ impl Controller {
                 return Err(Error::invalid("coscheduling.group_by must not be empty"));
             }
         }
+        let shape = iris_backend::JobShape {
+            replicas: req.replicas() as u32,
+            group_by: req.coscheduling.as_ref().map(|c| c.group_by.as_str()),
+            gpus_per_task: gpu.max(0) as u32,
+        };
+        for b in self.backend_list() {
+            b.check_job(&shape)
+                .map_err(|why| Error::invalid(format!("Job {name} cannot run here: {why}")))?;
+        }
         if req.bundle_blob().len() > MAX_BUNDLE_BYTES {
             return Err(Error::invalid(format!(
                 "bundle_blob: {} bytes exceeds the {} MiB limit; exclude large files with --exclude",

@@ -150,4 +150,26 @@ impl Backend for KubeBackend {
     fn summary(&self) -> BoxFuture<'_, Result<Summary, Error>> {
         Box::pin(self.summary_now())
     }
+
+    /// A gang's Kueue topology annotations are computed now, with the pods' own rule: a shape
+    /// the arithmetic rejects (an NVL72 gang that cannot split into rack slices, a required
+    /// single-rack gang over 16 nodes, an unknown level) is refused with its reason.
+    fn check_job(&self, job: &iris_backend::JobShape<'_>) -> Result<(), String> {
+        let Some(group_by) = job.group_by else {
+            return Ok(());
+        };
+        km::topology::annotations(
+            group_by,
+            job.replicas,
+            job.gpus_per_task,
+            self.core.settings.provider.kueue_topologies.as_ref(),
+        )
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "coscheduling.group_by `{group_by}` with {} replicas: {e}",
+                job.replicas
+            )
+        })
+    }
 }

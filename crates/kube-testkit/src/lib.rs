@@ -97,6 +97,7 @@ mod http;
 mod kubelet;
 mod kueue;
 pub mod node_agent;
+mod node_logs;
 mod patch;
 mod pdb;
 mod pod;
@@ -122,6 +123,7 @@ use crate::store::{now_rfc3339, Store};
 
 pub use crate::kubelet::Disruption;
 pub use crate::node_agent::{NodeAgent, RanPod};
+pub use crate::node_logs::KubeletEndpoint;
 
 /// How the fake cluster starts.
 #[derive(Debug, Clone)]

@@ -4,8 +4,9 @@
 //! gets its containers run as local processes (each mounted path rewritten to a directory of its
 //! own), its status patched to Running and, once every container exits, to Succeeded or Failed;
 //! a deleted pod has its processes killed and is then removed with grace 0, as a kubelet
-//! confirms a deletion. Container logs go to files in the agent's work dir (the API server's log
-//! endpoint is not served yet).
+//! confirms a deletion. Container logs go to files in the agent's work dir, and, when the agent
+//! is given a [`KubeletEndpoint`], are served at the kubelet's `containerLogs` path, so the API
+//! server's `pods/log` (and `kubectl logs`) read them as they would from a kubelet.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -18,17 +19,19 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use crate::node_logs::{KubeletEndpoint, LogIndex, PodLogs};
 use crate::process::rewrite_paths;
 use crate::store::now_rfc3339;
 
 /// One container's end.
 #[derive(Debug, Clone)]
-struct Ended {
+pub(crate) struct Ended {
     code: i32,
     at: String,
 }
 
 struct Run {
+    root: PathBuf,
     started_at: String,
     /// Container name → process group id.
     pgids: Vec<(String, i32)>,
@@ -54,12 +57,13 @@ pub struct NodeAgent {
 }
 
 impl NodeAgent {
-    /// Starts the agent for the pods of `namespace`, with the client from `kubeconfig`
-    /// (a plain-HTTP one: the workspace's kube client has no TLS stack).
+    /// Starts the agent for the pods of `namespace`, with the client from `kubeconfig`; with
+    /// `kubelet`, it also serves the pods' container logs there.
     pub async fn start(
         kubeconfig: &Path,
         namespace: &str,
         work_dir: PathBuf,
+        kubelet: Option<KubeletEndpoint>,
     ) -> Result<Self, kube::Error> {
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)
             .map_err(|e| kube::Error::Service(e.to_string().into()))?;
@@ -69,12 +73,25 @@ impl NodeAgent {
         let client = kube::Client::try_from(config)?;
         let pods: Api<Pod> = Api::namespaced(client, namespace);
         let (stop, mut stopped) = watch::channel(false);
+        let index: LogIndex = Arc::default();
+        let server = match &kubelet {
+            Some(ep) => Some(
+                crate::node_logs::serve(ep, namespace.to_string(), index.clone(), stop.subscribe())
+                    .await
+                    .map_err(|e| {
+                        kube::Error::Service(
+                            format!("kubelet endpoint on 127.0.0.1:{}: {e}", ep.port).into(),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
         let ran = Arc::new(Mutex::new(Vec::new()));
         let ran2 = ran.clone();
         let task = tokio::spawn(async move {
             let mut runs: HashMap<String, Run> = HashMap::new();
             loop {
-                if let Err(e) = pass(&pods, &work_dir, &mut runs, &ran2).await {
+                if let Err(e) = pass(&pods, &work_dir, &mut runs, &ran2, &index).await {
                     tracing::warn!(error = %e, "node agent pass");
                 }
                 tokio::select! {
@@ -84,6 +101,9 @@ impl NodeAgent {
             }
             for run in runs.values() {
                 kill(run);
+            }
+            if let Some(server) = server {
+                let _ = server.await;
             }
         });
         Ok(Self {
@@ -124,9 +144,11 @@ async fn pass(
     work_dir: &Path,
     runs: &mut HashMap<String, Run>,
     ran: &Mutex<Vec<RanPod>>,
+    index: &LogIndex,
 ) -> Result<(), kube::Error> {
     let list = pods.list(&ListParams::default()).await?;
     let mut seen = HashSet::new();
+    let mut names = HashSet::new();
     for pod in list.items {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
@@ -139,6 +161,7 @@ async fn pass(
             continue;
         }
         seen.insert(uid.clone());
+        names.insert(name.clone());
         if pod.metadata.deletion_timestamp.is_some() {
             if let Some(run) = runs.remove(&uid) {
                 kill(&run);
@@ -179,6 +202,28 @@ async fn pass(
             .and_then(|s| s.phase.clone())
             .unwrap_or_default();
         match runs.get_mut(&uid) {
+            None if (phase.is_empty() || phase == "Pending") && unpullable(&pod).is_some() => {
+                // As a kubelet whose pull failed: the pod stays Pending with the container
+                // waiting in ImagePullBackOff, and nothing runs.
+                let image = unpullable(&pod).unwrap_or_default();
+                pods.patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(pull_failed(&pod, &image)),
+                )
+                .await?;
+                runs.insert(
+                    uid,
+                    Run {
+                        root: work_dir.to_path_buf(),
+                        started_at: now_rfc3339(),
+                        pgids: Vec::new(),
+                        images: HashMap::new(),
+                        ended: Arc::default(),
+                        reported_final: true,
+                    },
+                );
+            }
             None if phase.is_empty() || phase == "Pending" => {
                 let run = start_pod(&pod, work_dir);
                 pods.patch_status(
@@ -187,6 +232,15 @@ async fn pass(
                     &Patch::Merge(running(&pod, &run)),
                 )
                 .await?;
+                if let Ok(mut logs) = index.lock() {
+                    logs.insert(
+                        name.clone(),
+                        PodLogs {
+                            root: run.root.clone(),
+                            ended: run.ended.clone(),
+                        },
+                    );
+                }
                 if let Ok(mut r) = ran.lock() {
                     r.push(RanPod { name, node });
                 }
@@ -214,6 +268,10 @@ async fn pass(
         }
         keep
     });
+    // A kubelet serves a pod's logs until the pod is gone.
+    if let Ok(mut logs) = index.lock() {
+        logs.retain(|name, _| names.contains(name));
+    }
     Ok(())
 }
 
@@ -253,6 +311,7 @@ fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
         }
     }
     Run {
+        root,
         started_at: now_rfc3339(),
         pgids,
         images,
@@ -356,6 +415,50 @@ fn spawn(
         }
     });
     Ok(pgid)
+}
+
+/// The first container image the agent cannot "pull": one whose registry host is under a
+/// reserved test domain (`.example`, `.invalid`, RFC 2606). The agent runs every other image's
+/// command directly, with no pull at all.
+fn unpullable(pod: &Pod) -> Option<String> {
+    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice())?;
+    containers.iter().find_map(|c| {
+        let image = c.image.clone()?;
+        let host = image.split('/').next().unwrap_or_default();
+        let host = host.split(':').next().unwrap_or_default();
+        (image.contains('/') && (host.ends_with(".example") || host.ends_with(".invalid")))
+            .then_some(image)
+    })
+}
+
+fn pull_failed(pod: &Pod, image: &str) -> Value {
+    let statuses: Vec<Value> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "image": c.image.clone().unwrap_or_default(),
+                "imageID": "",
+                "ready": false,
+                "started": false,
+                "restartCount": 0,
+                "state": {"waiting": {
+                    "reason": "ImagePullBackOff",
+                    "message": format!("Back-off pulling image \"{image}\""),
+                }},
+            })
+        })
+        .collect();
+    json!({"status": {
+        "phase": "Pending",
+        "hostIP": "127.0.0.1",
+        "conditions": conditions(pod, "False", Some("ContainersNotReady")),
+        "containerStatuses": statuses,
+    }})
 }
 
 fn field_ref(pod: &Pod, path: Option<&str>) -> String {

@@ -147,6 +147,17 @@ fn published_size(s: &str) -> Option<f64> {
     Some(n * mult)
 }
 
+/// The coscheduling level of a `replicas`-pod gang of `variant`x`count` GPUs: `leafgroup` for
+/// H100 and other non-NVL72 GPUs; for GB200/GB300, `nvlink.domain` up to one rack's schedulable
+/// nodes and `nvlink.domain.sliced` beyond, refused here when the gang cannot split into rack
+/// slices (the published CLI's rule, `iris_kube_model::topology::gang_level`).
+fn gpu_gang_level(variant: &str, count: i32, replicas: i64) -> anyhow::Result<String> {
+    let n = u32::try_from(replicas).unwrap_or(u32::MAX);
+    iris_kube_model::topology::gang_level(variant, n, u32::try_from(count).unwrap_or(0))
+        .map(|level| level.as_str().to_string())
+        .map_err(|e| anyhow::anyhow!("--replicas {replicas} for {variant}: {e}"))
+}
+
 fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     check_extra_resources(a)?;
     let user = resolve_user(&a.user)?;
@@ -199,8 +210,12 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
     };
     let mut cpu = cpu;
     let mut accel = false;
+    let mut auto_group_by = None;
     if let Some(g) = &a.gpu {
         let s = iris_types::resources::parse_gpu(g).map_err(anyhow::Error::msg)?;
+        if a.replicas > 1 && a.tpu.is_none() && a.group_by.is_none() {
+            auto_group_by = Some(gpu_gang_level(&s.variant, s.count, a.replicas)?);
+        }
         device = job::DeviceConfig {
             device: Some(job::device_config::Device::Gpu(job::GpuDevice {
                 variant: s.variant,
@@ -291,9 +306,13 @@ fn build_launch(a: &RunArgs) -> anyhow::Result<c::LaunchJobRequest> {
         Err(_) => format!("/{user}/{name}"),
     };
     iris_types::JobName::parse(&full).map_err(|e| anyhow::anyhow!("job name: {e}"))?;
-    let coscheduling = a.group_by.as_ref().map(|g| job::CoschedulingConfig {
-        group_by: g.clone(),
-    });
+    // An explicit --group-by wins; a multi-replica GPU job otherwise coschedules at the level
+    // its variant implies, as the published CLI sets it.
+    let coscheduling = a
+        .group_by
+        .clone()
+        .or(auto_group_by)
+        .map(|group_by| job::CoschedulingConfig { group_by });
     let container_profile = match &a.container_profile {
         Some(p) => enum_named::<job::ContainerProfile>(
             "--container-profile",
@@ -645,6 +664,31 @@ fn enum_named<E: Into<i32>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_multi_replica_gpu_job_gets_the_published_clis_gang_level() {
+        assert_eq!(
+            gpu_gang_level("H100", 8, 4).ok().as_deref(),
+            Some("leafgroup")
+        );
+        assert_eq!(
+            gpu_gang_level("GB200", 4, 16).ok().as_deref(),
+            Some("nvlink.domain")
+        );
+        assert_eq!(
+            gpu_gang_level("GB300", 4, 32).ok().as_deref(),
+            Some("nvlink.domain.sliced")
+        );
+        let e = gpu_gang_level("GB200", 4, 72).map_err(|e| e.to_string());
+        assert_eq!(
+            e.err().as_deref().map(|e| e.starts_with(
+                "--replicas 72 for GB200: 72 nodes do not divide evenly across 5 racks"
+            )),
+            Some(true)
+        );
+        let e = gpu_gang_level("GB200", 2, 32).map_err(|e| e.to_string());
+        assert!(e.is_err_and(|e| e.contains("4 GPUs each); got 2")));
+    }
 
     #[test]
     fn sizes_are_read_as_the_published_cli_reads_them() {
