@@ -11,7 +11,7 @@
 mod common;
 
 use common::{wait_for, TestCluster};
-use iris_kube_testkit::{KubeletEndpoint, NodeAgent};
+use iris_kube_testkit::{AgentMode, AgentOptions, KubeletEndpoint, NodeAgent};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -105,6 +105,11 @@ fn finish(cluster: &TestCluster, job: &str) -> serde_json::Value {
 }
 
 fn start_env() -> RealEnv {
+    start_env_with(&[], AgentMode::Process)
+}
+
+/// `scripts/k8s-testenv.sh up` with extra environment (node counts), and the node agent in `mode`.
+fn start_env_with(vars: &[(&str, &str)], mode: AgentMode) -> RealEnv {
     let dir = tempfile::tempdir().expect("dir");
     let mut env = RealEnv {
         run_dir: dir.path().join("k8s"),
@@ -117,6 +122,7 @@ fn start_env() -> RealEnv {
         .arg("up")
         .env("IRIS_K8S_RUN_DIR", &env.run_dir)
         .env("IRIS_K8S_NAMESPACE", NS)
+        .envs(vars.iter().copied())
         .output()
         .expect("running scripts/k8s-testenv.sh");
     assert!(
@@ -134,7 +140,15 @@ fn start_env() -> RealEnv {
     };
     let agent = env
         .rt
-        .block_on(NodeAgent::start(&kubeconfig, NS, work, Some(kubelet)))
+        .block_on(NodeAgent::start(
+            &kubeconfig,
+            NS,
+            work,
+            AgentOptions {
+                kubelet: Some(kubelet),
+                mode,
+            },
+        ))
         .expect("node agent");
     env.agent = Some(agent);
     env
@@ -523,4 +537,170 @@ fn evictions_pdbs_lost_pods_and_image_pulls_through_the_real_api_server() {
         td.stdout.contains("ImagePullBackOff").then_some(())
     });
     cluster.iris(&["job", "cancel", &bad]).ok();
+}
+
+/// Issue 13's benchmark against the real API server; prints figures (BENCHMARKS.md), asserts
+/// only that the work finished. Run by hand:
+/// `cargo test --release -p iris-cli --test kubernetes_real -- --ignored --nocapture bench`
+/// (`BENCH_TASKS`, default 1,000; `BENCH_NODES`, default 50 simulated CPU nodes).
+///
+/// Iris: `BENCH_TASKS / 100` jobs of 100 one-second tasks go through the controller, the
+/// backend (server-side apply, 32 at a time), Kueue, kube-scheduler and simulated nodes; pods
+/// applied per second (first to last pod seen by a 50 ms poll) and attempts completed per
+/// second (first submit to the last job SUCCEEDED). The bare client: the same number of pods,
+/// built by the same manifest function, server-side applied 32 at a time by kube-rs.
+#[test]
+#[ignore = "benchmark: prints figures for BENCHMARKS.md; run by hand with --ignored --nocapture"]
+fn bench_pods_and_attempts_through_the_real_api_server() {
+    use iris_kube_model as km;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams, Patch, PatchParams};
+    use std::collections::HashSet;
+    use std::time::Instant;
+
+    let tasks: usize = std::env::var("BENCH_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let nodes = std::env::var("BENCH_NODES").unwrap_or_else(|_| "50".into());
+    let jobs = tasks.div_ceil(100);
+    let env = start_env_with(
+        &[("IRIS_K8S_CPU_NODES", &nodes), ("IRIS_K8S_H100_NODES", "0")],
+        AgentMode::Simulate(Duration::from_secs(1)),
+    );
+    let cluster = TestCluster::start_with_args(&[], Some(&env.config()), &[]);
+    let client = env.rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(env.run_dir.join("kubeconfig"))
+            .expect("kubeconfig");
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("config");
+        kube::Client::try_from(cfg).expect("client")
+    });
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let names = |prefix: &str| -> HashSet<String> {
+        env.rt
+            .block_on(pods.list_metadata(&ListParams::default()))
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter_map(|p| p.metadata.name)
+                    .filter(|n| n.starts_with(prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+
+    // Iris end to end.
+    let t0 = Instant::now();
+    let ids: Vec<String> = (0..jobs)
+        .map(|j| {
+            let n = (tasks - j * 100).min(100).to_string();
+            run(
+                &cluster,
+                &format!("bench{j}"),
+                &["--replicas", &n, "--cpu", "0.5", "--memory", "256MiB"],
+                &["true"],
+            )
+        })
+        .collect();
+    let submitted = t0.elapsed();
+    let mut seen: HashSet<String> = HashSet::new();
+    let (mut first_pod, mut last_pod) = (None, None);
+    let mut done = 0;
+    while done < ids.len() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(900),
+            "bench: not done in 900 s"
+        );
+        let now = names("iris-");
+        let before = seen.len();
+        seen.extend(now);
+        if seen.len() > before {
+            first_pod.get_or_insert(t0.elapsed());
+            last_pod = Some(t0.elapsed());
+        }
+        done = ids
+            .iter()
+            .filter(|j| cluster.summary(j)["state"] == "succeeded")
+            .count();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let end_to_end = t0.elapsed();
+    let (first, last) = (first_pod.unwrap_or_default(), last_pod.unwrap_or_default());
+    let applied_s = (last - first).as_secs_f64().max(1e-3);
+    println!(
+        "iris: {tasks} attempts in {jobs} jobs on {nodes} simulated nodes: submit {:.2} s; {} pods seen, applied {:.0}/s (first {:.2} s, last {:.2} s); {:.0} attempts/s end to end ({:.2} s)",
+        submitted.as_secs_f64(),
+        seen.len(),
+        seen.len() as f64 / applied_s,
+        first.as_secs_f64(),
+        last.as_secs_f64(),
+        tasks as f64 / end_to_end.as_secs_f64(),
+        end_to_end.as_secs_f64()
+    );
+    drop(cluster);
+    wait_for(LONG, "the Iris pods to be gone", || {
+        names("iris-").is_empty().then_some(())
+    });
+
+    // The bare client: the same pods, the same manifest function, the same concurrency.
+    let provider = km::ProviderConfig {
+        default_task_image: "ghcr.io/marin-community/iris-task:latest".into(),
+        controller_address: Some("http://127.0.0.1:9".into()),
+        ..Default::default()
+    };
+    let manifests: Vec<Pod> = (0..tasks)
+        .map(|i| {
+            let input = km::PodInput {
+                task_id: format!("/bare/bench{}/{}", i / 100, i % 100),
+                attempt_id: 0,
+                attempt_uid: format!("{i:016x}"),
+                job_id: format!("/bare/bench{}", i / 100),
+                num_tasks: 100,
+                task_index: (i % 100) as u32,
+                band: iris_types::Band::Interactive,
+                argv: vec!["true".into()],
+                setup_commands: Vec::new(),
+                env: Default::default(),
+                system_env: Default::default(),
+                cpu_millicores: 500,
+                memory_bytes: 256 << 20,
+                disk_bytes: 0,
+                gpu_count: 0,
+                gpu_variant: String::new(),
+                group_by: None,
+                constraints: Vec::new(),
+                timeout_seconds: None,
+                task_image: None,
+                secrets: Default::default(),
+            };
+            km::manifest::build_pod(&input, &provider).expect("manifest")
+        })
+        .collect();
+    let t1 = Instant::now();
+    let applied = env.rt.block_on(async {
+        use futures::StreamExt;
+        let pp = PatchParams::apply("bench-bare").force();
+        futures::stream::iter(manifests)
+            .map(|pod| {
+                let pods = pods.clone();
+                let pp = pp.clone();
+                async move {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    pods.patch(&name, &pp, &Patch::Apply(&pod)).await.is_ok()
+                }
+            })
+            .buffer_unordered(32)
+            .filter(|ok| futures::future::ready(*ok))
+            .count()
+            .await
+    });
+    let bare_s = t1.elapsed().as_secs_f64();
+    println!(
+        "bare kube-rs client: {applied} of {tasks} pods applied in {bare_s:.2} s ({:.0}/s); iris/bare apply rate {:.2}",
+        applied as f64 / bare_s,
+        (seen.len() as f64 / applied_s) / (applied as f64 / bare_s)
+    );
+    assert_eq!(done, ids.len());
 }

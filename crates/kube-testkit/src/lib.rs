@@ -122,7 +122,7 @@ use crate::status::ApiError;
 use crate::store::{now_rfc3339, Store};
 
 pub use crate::kubelet::Disruption;
-pub use crate::node_agent::{NodeAgent, RanPod};
+pub use crate::node_agent::{AgentOptions, Mode as AgentMode, NodeAgent, RanPod};
 pub use crate::node_logs::KubeletEndpoint;
 
 /// How the fake cluster starts.

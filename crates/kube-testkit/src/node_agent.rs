@@ -14,6 +14,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
@@ -49,6 +50,25 @@ pub struct RanPod {
     pub node: String,
 }
 
+/// How the agent runs the containers of the pods kube-scheduler binds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Each container's command as a local process.
+    #[default]
+    Process,
+    /// No process: each container "runs" this long and exits 0 (for scale benchmarks).
+    Simulate(Duration),
+}
+
+/// What [`NodeAgent::start`] serves and how it runs pods.
+#[derive(Debug, Clone, Default)]
+pub struct AgentOptions {
+    /// Serve container logs on the nodes' kubelet port.
+    pub kubelet: Option<KubeletEndpoint>,
+    /// Processes or simulated containers.
+    pub mode: Mode,
+}
+
 /// The running agent; [`NodeAgent::shutdown`] (or drop) stops it and kills what it started.
 pub struct NodeAgent {
     stop: watch::Sender<bool>,
@@ -58,13 +78,14 @@ pub struct NodeAgent {
 
 impl NodeAgent {
     /// Starts the agent for the pods of `namespace`, with the client from `kubeconfig`; with
-    /// `kubelet`, it also serves the pods' container logs there.
+    /// `opts.kubelet`, it also serves the pods' container logs there.
     pub async fn start(
         kubeconfig: &Path,
         namespace: &str,
         work_dir: PathBuf,
-        kubelet: Option<KubeletEndpoint>,
+        opts: AgentOptions,
     ) -> Result<Self, kube::Error> {
+        let AgentOptions { kubelet, mode } = opts;
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)
             .map_err(|e| kube::Error::Service(e.to_string().into()))?;
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
@@ -91,7 +112,7 @@ impl NodeAgent {
         let task = tokio::spawn(async move {
             let mut runs: HashMap<String, Run> = HashMap::new();
             loop {
-                if let Err(e) = pass(&pods, &work_dir, &mut runs, &ran2, &index).await {
+                if let Err(e) = pass(&pods, &work_dir, mode, &mut runs, &ran2, &index).await {
                     tracing::warn!(error = %e, "node agent pass");
                 }
                 tokio::select! {
@@ -134,14 +155,48 @@ impl Drop for NodeAgent {
 }
 
 fn kill(run: &Run) {
-    for (_, pgid) in &run.pgids {
+    // A container that never started (or a simulated one) has no process group: 0, which must
+    // never reach killpg (it would signal the agent's own group).
+    for (_, pgid) in run.pgids.iter().filter(|(_, p)| *p > 0) {
         crate::process::signal_group(*pgid, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// What one pass asks of the API server, sent together once the pass has looked at every pod.
+enum Call {
+    Status { name: String, body: Value },
+    Delete { name: String, uid: String },
+}
+
+/// How many of a pass's API calls are in flight at once.
+const CONCURRENT_CALLS: usize = 32;
+
+async fn send(pods: &Api<Pod>, call: Call) -> Result<(), kube::Error> {
+    match call {
+        Call::Status { name, body } => pods
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .map(|_| ()),
+        Call::Delete { name, uid } => {
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(kube::api::Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            // Already gone, or waiting on a finalizer: the next pass sees it again.
+            let _ = pods.delete(&name, &dp).await;
+            Ok(())
+        }
     }
 }
 
 async fn pass(
     pods: &Api<Pod>,
     work_dir: &Path,
+    mode: Mode,
     runs: &mut HashMap<String, Run>,
     ran: &Mutex<Vec<RanPod>>,
     index: &LogIndex,
@@ -149,6 +204,7 @@ async fn pass(
     let list = pods.list(&ListParams::default()).await?;
     let mut seen = HashSet::new();
     let mut names = HashSet::new();
+    let mut calls = Vec::new();
     for pod in list.items {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
@@ -175,25 +231,14 @@ async fn pass(
                             at: now_rfc3339(),
                         });
                     }
-                    let _ = pods
-                        .patch_status(
-                            &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(finished(&pod, &run, &ended)),
-                        )
-                        .await;
+                    let body = finished(&pod, &run, &ended);
+                    calls.push(Call::Status {
+                        name: name.clone(),
+                        body,
+                    });
                 }
             }
-            let dp = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(kube::api::Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            // Already gone, or waiting on a finalizer: the next pass sees it again.
-            let _ = pods.delete(&name, &dp).await;
+            calls.push(Call::Delete { name, uid });
             continue;
         }
         let phase = pod
@@ -201,17 +246,16 @@ async fn pass(
             .as_ref()
             .and_then(|s| s.phase.clone())
             .unwrap_or_default();
+        let pending = phase.is_empty() || phase == "Pending";
         match runs.get_mut(&uid) {
-            None if (phase.is_empty() || phase == "Pending") && unpullable(&pod).is_some() => {
+            None if pending && unpullable(&pod).is_some() => {
                 // As a kubelet whose pull failed: the pod stays Pending with the container
                 // waiting in ImagePullBackOff, and nothing runs.
                 let image = unpullable(&pod).unwrap_or_default();
-                pods.patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(pull_failed(&pod, &image)),
-                )
-                .await?;
+                calls.push(Call::Status {
+                    name,
+                    body: pull_failed(&pod, &image),
+                });
                 runs.insert(
                     uid,
                     Run {
@@ -224,14 +268,15 @@ async fn pass(
                     },
                 );
             }
-            None if phase.is_empty() || phase == "Pending" => {
-                let run = start_pod(&pod, work_dir);
-                pods.patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(running(&pod, &run)),
-                )
-                .await?;
+            None if pending => {
+                let run = match mode {
+                    Mode::Process => start_pod(&pod, work_dir),
+                    Mode::Simulate(run_for) => simulate_pod(&pod, work_dir, run_for),
+                };
+                calls.push(Call::Status {
+                    name: name.clone(),
+                    body: running(&pod, &run),
+                });
                 if let Ok(mut logs) = index.lock() {
                     logs.insert(
                         name.clone(),
@@ -246,15 +291,18 @@ async fn pass(
                 }
                 runs.insert(uid, run);
             }
+            // A Running report that did not get through is sent again.
+            Some(run) if pending && !run.reported_final => calls.push(Call::Status {
+                name,
+                body: running(&pod, run),
+            }),
             Some(run) if !run.reported_final => {
                 let ended = run.ended.lock().map(|e| e.clone()).unwrap_or_default();
                 if ended.len() == run.pgids.len() {
-                    pods.patch_status(
-                        &name,
-                        &PatchParams::default(),
-                        &Patch::Merge(finished(&pod, run, &ended)),
-                    )
-                    .await?;
+                    calls.push(Call::Status {
+                        name,
+                        body: finished(&pod, run, &ended),
+                    });
                     run.reported_final = true;
                 }
             }
@@ -272,7 +320,62 @@ async fn pass(
     if let Ok(mut logs) = index.lock() {
         logs.retain(|name, _| names.contains(name));
     }
-    Ok(())
+    // A final report that fails is lost with this pass; the pod's next deletion or the test's
+    // timeout shows it. The first error is returned (and logged by the caller).
+    let results: Vec<Result<(), kube::Error>> = futures::stream::iter(calls)
+        .map(|c| send(pods, c))
+        .buffer_unordered(CONCURRENT_CALLS)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// A pod whose containers are not run: each "runs" for `run_for`, then exits 0, with an empty
+/// log (kwok-style nodes, for scale benchmarks).
+fn simulate_pod(pod: &Pod, work_dir: &Path, run_for: Duration) -> Run {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let short: String = uid.chars().take(8).collect();
+    let root = work_dir.join(format!(
+        "{}_{short}",
+        pod.metadata.name.clone().unwrap_or_default()
+    ));
+    let ended: Arc<Mutex<HashMap<String, Ended>>> = Arc::default();
+    let mut pgids = Vec::new();
+    let mut images = HashMap::new();
+    let _ = std::fs::create_dir_all(&root);
+    for c in pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+    {
+        images.insert(c.name.clone(), c.image.clone().unwrap_or_default());
+        let _ = std::fs::File::create(root.join(format!("{}.log", c.name)));
+        // No process: 0 is never signalled (see `kill`).
+        pgids.push((c.name.clone(), 0));
+        let ended = ended.clone();
+        let name = c.name.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(run_for).await;
+            if let Ok(mut m) = ended.lock() {
+                m.insert(
+                    name,
+                    Ended {
+                        code: 0,
+                        at: now_rfc3339(),
+                    },
+                );
+            }
+        });
+    }
+    Run {
+        root,
+        started_at: now_rfc3339(),
+        pgids,
+        images,
+        ended,
+        reported_final: false,
+    }
 }
 
 /// Starts every container of the pod; one that cannot start ends at once with code 128.

@@ -539,8 +539,12 @@ pub(crate) fn prepare(
 }
 
 /// Signals a process group; a group that is already gone is fine.
+/// Signals process group `pgid`; a non-positive id is ignored (killpg(0) would signal the
+/// caller's own group).
 pub(crate) fn signal_group(pgid: i32, sig: nix::sys::signal::Signal) {
-    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), sig);
+    if pgid > 0 {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), sig);
+    }
 }
 
 async fn pump<R: AsyncRead + Unpin>(r: R, log: Arc<LogBuffer>) {
