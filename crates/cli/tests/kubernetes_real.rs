@@ -217,6 +217,28 @@ fn cpu_job_through_real_kueue_and_scheduler() {
             .into_iter()
             .find(|p| p.name.contains("long"))
     });
+    // The controller reconciled the twelve WorkloadPriorityClasses (seed 000's table), and the
+    // running CPU pod's Workload carries the CPU tier of its band.
+    let wpcs = env.kubectl(&["get", "workloadpriorityclasses.kueue.x-k8s.io", "-o", "json"]);
+    let wpcs: serde_json::Value = serde_json::from_str(&wpcs).unwrap_or_default();
+    let value = |name: &str| {
+        wpcs["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|w| w["metadata"]["name"] == name))
+            .and_then(|w| w["value"].as_i64())
+    };
+    for (band, tiers) in [
+        ("batch", [0, 1, 2]),
+        ("interactive", [10, 11, 12]),
+        ("production", [1000, 1000, 1000]),
+        ("system", [10000, 10000, 10000]),
+    ] {
+        for (kind, v) in ["cpu", "accelerator", "coscheduled"].iter().zip(tiers) {
+            let name = format!("iris-{kind}-{band}");
+            assert_eq!(value(&name), Some(v), "{name}: {wpcs}");
+        }
+    }
+    assert_eq!(workload_priorities(&env, &pod.name), (10, "iris-cpu-interactive".into()));
     // `kubectl logs` reads the running container through the API server and the agent.
     let logs = wait_for(LONG, "kubectl logs of the long job's pod", || {
         let o = env.kubectl_out(&["-n", NS, "logs", &pod.name, "-c", "task"]);
@@ -235,6 +257,27 @@ fn cpu_job_through_real_kueue_and_scheduler() {
         !ran.is_empty() && ran.iter().all(|p| nodes.contains(&p.node.as_str())),
         "{ran:?}"
     );
+}
+
+/// The `spec.priority` of the Workload that holds `pod` (Kueue names the pod or its pod group
+/// in the Workload's owner references), and the WorkloadPriorityClass it names.
+fn workload_priorities(env: &RealEnv, pod: &str) -> (i64, String) {
+    wait_for(LONG, &format!("the Workload of {pod}"), || {
+        let wl = env.kubectl(&["-n", NS, "get", "workloads.kueue.x-k8s.io", "-o", "json"]);
+        let wl: serde_json::Value = serde_json::from_str(&wl).ok()?;
+        let w = wl["items"].as_array()?.iter().find(|w| {
+            w["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|r| r["name"] == pod))
+        })?;
+        let spec = &w["spec"];
+        let class = spec["priorityClassRef"]["name"]
+            .as_str()
+            .or(spec["priorityClassName"].as_str())
+            .unwrap_or("")
+            .to_string();
+        Some((spec["priority"].as_i64()?, class))
+    })
 }
 
 /// Every `*.log` file under `dir`, concatenated.
@@ -344,6 +387,12 @@ fn quota_hold_and_preemption_through_real_kueue() {
     wait_for(LONG, "the BATCH gang to run", || {
         (cluster.summary(&batch)["state"] == "running").then_some(())
     });
+    // A gang's Workload is admitted at its band's coscheduled tier.
+    let member = pod_of(&env, &cluster, &format!("{batch}/0"));
+    assert_eq!(
+        workload_priorities(&env, &member.name),
+        (2, "iris-coscheduled-batch".into())
+    );
     // A second BATCH gang does not fit the quota: Kueue holds it and Iris says so.
     let held = gang("held", "batch", &["true"]);
     wait_for(LONG, "the Kueue reason on the held gang", || {
