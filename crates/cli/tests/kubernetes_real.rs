@@ -219,7 +219,12 @@ fn cpu_job_through_real_kueue_and_scheduler() {
     });
     // The controller reconciled the twelve WorkloadPriorityClasses (seed 000's table), and the
     // running CPU pod's Workload carries the CPU tier of its band.
-    let wpcs = env.kubectl(&["get", "workloadpriorityclasses.kueue.x-k8s.io", "-o", "json"]);
+    let wpcs = env.kubectl(&[
+        "get",
+        "workloadpriorityclasses.kueue.x-k8s.io",
+        "-o",
+        "json",
+    ]);
     let wpcs: serde_json::Value = serde_json::from_str(&wpcs).unwrap_or_default();
     let value = |name: &str| {
         wpcs["items"]
@@ -238,7 +243,10 @@ fn cpu_job_through_real_kueue_and_scheduler() {
             assert_eq!(value(&name), Some(v), "{name}: {wpcs}");
         }
     }
-    assert_eq!(workload_priorities(&env, &pod.name), (10, "iris-cpu-interactive".into()));
+    assert_eq!(
+        workload_priorities(&env, &pod.name),
+        (10, "iris-cpu-interactive".into())
+    );
     // `kubectl logs` reads the running container through the API server and the agent.
     let logs = wait_for(LONG, "kubectl logs of the long job's pod", || {
         let o = env.kubectl_out(&["-n", NS, "logs", &pod.name, "-c", "task"]);
@@ -526,10 +534,20 @@ fn evictions_pdbs_lost_pods_and_image_pulls_through_the_real_api_server() {
         String::from_utf8_lossy(&o.stderr)
     );
     let task = format!("{pair}/0");
-    wait_for(LONG, "the evicted attempt to be PREEMPTED", || {
-        (attempt_states(&cluster, &task).first() == Some(&10)).then_some(())
+    let first = wait_for(LONG, "the evicted attempt to end", || {
+        attempt_states(&cluster, &task)
+            .first()
+            .copied()
+            .filter(|s| [4, 5, 6, 7, 8, 10, 11, 12].contains(s))
     });
     let ev = cluster.iris(&["task", "events", &task]);
+    assert_eq!(
+        first,
+        10,
+        "the evicted attempt ends PREEMPTED\nevents: {}\npods: {}",
+        ev.stdout,
+        env.kubectl(&["-n", NS, "get", "pods", "-o", "wide"])
+    );
     assert!(ev.ok().contains("k8s/disruption"), "{}", ev.stdout);
     assert!(
         ev.stdout.contains(&victim.node),

@@ -152,10 +152,11 @@ impl KubeBackend {
             // Gone from the API but seen ending (e.g. preempted and deleted at once): its last
             // state is the verdict.
             let pod = by_name.get(&name).cloned().or_else(|| {
-                lock(&core.last_seen)
-                    .get(&name)
-                    .filter(|p| matches!(phase(p), "Succeeded" | "Failed"))
-                    .map(|p| Arc::new(p.clone()))
+                let last = lock(&core.last_seen).get(&name).cloned()?;
+                // A disruption the watch saw counts even if no scan did (the pod can be evicted
+                // and gone between two rounds): the tracker's verdict is then PREEMPTED.
+                lock(&self.state).missing.saw(&name, &last);
+                matches!(phase(&last), "Succeeded" | "Failed").then(|| Arc::new(last))
             });
             let waiting = pod.as_ref().map(|p| phase(p) == "Pending").unwrap_or(false);
             if waiting && workloads.is_none() {

@@ -723,6 +723,18 @@ impl MissingTracker {
         }
     }
 
+    /// Remembers a disruption of `pod` seen outside a scan (a watch event), without counting
+    /// a scan: a pod that then vanishes is PREEMPTED, not WORKER_FAILED.
+    pub fn saw(&mut self, pod_name: &str, pod: &Pod) {
+        if let Some((_, _, on_node)) = disruption(pod) {
+            self.pods
+                .entry(pod_name.to_string())
+                .or_default()
+                .disruption
+                .get_or_insert(on_node);
+        }
+    }
+
     /// Consecutive missing/Unknown scans of `pod_name` so far.
     pub fn absent_scans(&self, pod_name: &str) -> u32 {
         self.pods.get(pod_name).map_or(0, |t| t.absent_scans)
@@ -1337,5 +1349,33 @@ mod tests {
         let err = o.error.unwrap();
         assert!(err.starts_with("PodDeleted: "), "{err}");
         assert!(err.contains("node gpu-9: DeletionByTaintManager"), "{err}");
+    }
+
+    #[test]
+    fn a_disruption_seen_only_by_the_watch_makes_a_vanished_pod_preempted() {
+        let mut t = MissingTracker::new();
+        let evicted = with_condition(
+            on_node(pod("Running"), "cpu-2"),
+            "DisruptionTarget",
+            "True",
+            "EvictionByEvictionAPI",
+            "Eviction API: evicting",
+        );
+        // No scan saw the pod disrupted; the watch did, and then it was gone.
+        t.saw("p", &evicted);
+        t.saw("q", &on_node(pod("Running"), "cpu-3"));
+        assert_eq!(t.scan("p", None, None), None);
+        assert_eq!(t.scan("p", None, None), None);
+        let o = t.scan("p", None, None).expect("given up");
+        assert_eq!(o.state, ObservedState::Preempted);
+        assert!(o
+            .error
+            .unwrap()
+            .contains("node cpu-2: EvictionByEvictionAPI"));
+        // An undisrupted pod seen by the watch is no different from one never seen.
+        assert_eq!(t.scan("q", None, None), None);
+        assert_eq!(t.scan("q", None, None), None);
+        let o = t.scan("q", None, None).expect("given up");
+        assert_eq!(o.state, ObservedState::WorkerFailed);
     }
 }

@@ -322,11 +322,21 @@ async fn pass(
     }
     // A final report that fails is lost with this pass; the pod's next deletion or the test's
     // timeout shows it. The first error is returned (and logged by the caller).
-    let results: Vec<Result<(), kube::Error>> = futures::stream::iter(calls)
-        .map(|c| send(pods, c))
-        .buffer_unordered(CONCURRENT_CALLS)
-        .collect()
-        .await;
+    // As a kubelet does, a pod's terminal status is written before its deletion is confirmed:
+    // statuses go first, deletions after, so no watcher sees a pod vanish with its last state
+    // unwritten.
+    let (statuses, deletions): (Vec<Call>, Vec<Call>) = calls
+        .into_iter()
+        .partition(|c| matches!(c, Call::Status { .. }));
+    let mut results: Vec<Result<(), kube::Error>> = Vec::new();
+    for batch in [statuses, deletions] {
+        let sent: Vec<Result<(), kube::Error>> = futures::stream::iter(batch)
+            .map(|c| send(pods, c))
+            .buffer_unordered(CONCURRENT_CALLS)
+            .collect()
+            .await;
+        results.extend(sent);
+    }
     results.into_iter().collect()
 }
 
