@@ -117,4 +117,8 @@ if [[ $# -eq 0 ]] || [[ "$*" == *wire* ]]; then
     "$VENV/bin/python" "$ROOT/tests/compat/wire_shape_test.py" --ours "$BIN" --published "$VENV/bin/iris" ||
         STATUS=$?
 fi
+# Pod parity: the published provider's pod builder and ours on the same run requests.
+if [[ $# -eq 0 ]] || [[ "$*" == *pod* ]]; then
+    IRIS_COMPAT_VENV="$VENV" cargo test -q -p iris-kube-backend --lib -- --ignored parity || STATUS=$?
+fi
 exit "$STATUS"

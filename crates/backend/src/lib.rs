@@ -24,6 +24,8 @@
 
 #![warn(missing_docs)]
 
+pub mod task_env;
+
 use std::collections::BTreeMap;
 
 use futures::future::BoxFuture;

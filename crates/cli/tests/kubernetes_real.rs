@@ -198,6 +198,32 @@ fn cpu_job_through_real_kueue_and_scheduler() {
         })
     });
     assert!(admitted, "{wl}");
+    // A job's secret reaches the pod as a file: the backend creates the pod's Secret (owned by
+    // the pod), the kubelet mounts it at RIGGING_SECRETS_DIR, and no value is in the pod spec.
+    let source = env.dir.path().join("token");
+    std::fs::write(&source, "s3cr3t-value\n").expect("secret source");
+    let secret_ref = format!("file:{}", source.display());
+    let check = r#"ls -la "$RIGGING_SECRETS_DIR"; test "$(cat "$RIGGING_SECRETS_DIR/TOKEN")" = s3cr3t-value && echo secret-delivered"#;
+    let sj = run(
+        &cluster,
+        "secret",
+        &["--secret", "TOKEN", &secret_ref],
+        &["sh", "-c", check],
+    );
+    let summary = finish(&cluster, &sj);
+    assert_eq!(
+        summary["state"],
+        "succeeded",
+        "{summary}\nagent logs: {}\nsecrets: {}\npods: {}",
+        logs_under(&env.dir.path().join("node-agent")),
+        env.kubectl(&["-n", NS, "get", "secrets"]),
+        env.kubectl(&["-n", NS, "get", "pods", "-o", "wide"])
+    );
+    wait_for(LONG, "the secret job's output", || {
+        logs_under(&env.dir.path().join("node-agent"))
+            .contains("secret-delivered")
+            .then_some(())
+    });
     // Cancel deletes the pod: the real API server marks it, the agent kills the process and
     // confirms the deletion, Kueue drops its finalizer.
     let long = run(
@@ -707,6 +733,11 @@ fn bench_pods_and_attempts_through_the_real_api_server() {
         end_to_end.as_secs_f64()
     );
     drop(cluster);
+    // The controller garbage-collects settled pods while it runs; what it left is removed here.
+    let managed = ListParams::default().labels("iris.managed=true");
+    let _ = env
+        .rt
+        .block_on(pods.delete_collection(&Default::default(), &managed));
     wait_for(LONG, "the Iris pods to be gone", || {
         names("iris-").is_empty().then_some(())
     });
@@ -736,6 +767,7 @@ fn bench_pods_and_attempts_through_the_real_api_server() {
                 disk_bytes: 0,
                 gpu_count: 0,
                 gpu_variant: String::new(),
+                tpu: false,
                 group_by: None,
                 constraints: Vec::new(),
                 timeout_seconds: None,

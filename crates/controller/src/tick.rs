@@ -209,7 +209,8 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             touched.insert(w.clone());
         }
         wtx.commit()?;
-        // Those tasks changed state after the snapshot: plan on the next tick.
+        // Those tasks changed state after the snapshot: plan again right after the pause.
+        ctl.wake.notify_one();
         return Ok(touched);
     }
     if snapshot.pending.is_empty() {
@@ -258,6 +259,12 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             }
         }
         tx.commit()?;
+        // Progress: plan again right after the pause (three times this tick's cost), for what
+        // the per-job and per-worker cycle caps held back, instead of waiting out the idle
+        // second. A tick that changes nothing does not re-arm itself.
+        if !touched.is_empty() {
+            ctl.wake.notify_one();
+        }
     }
     let mut reasons: std::collections::HashMap<String, String> =
         plan.pending_reasons.into_iter().collect();

@@ -563,6 +563,7 @@ fn raw_manifests(
                 disk_bytes: 0,
                 gpu_count: 0,
                 gpu_variant: String::new(),
+                tpu: false,
                 group_by: None,
                 constraints: Vec::new(),
                 timeout_seconds: None,

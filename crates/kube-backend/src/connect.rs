@@ -10,7 +10,7 @@ use crate::{
 };
 use futures::StreamExt;
 use iris_kube_model as km;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -32,6 +32,7 @@ pub async fn connect(
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let wl_res = kueue_resource("Workload", "workloads");
     let workloads: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &wl_res);
     let pp = PatchParams::apply(FIELD_MANAGER).force();
@@ -168,6 +169,7 @@ pub async fn connect(
         settings: settings.clone(),
         pods,
         pdbs,
+        secrets,
         workloads,
         pod_store,
         workload_store,

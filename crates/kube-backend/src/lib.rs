@@ -25,6 +25,8 @@
 
 mod connect;
 mod logs;
+#[cfg(test)]
+mod parity;
 mod pods;
 mod reconcile;
 mod summary;
@@ -35,7 +37,7 @@ use futures::future::BoxFuture;
 use iris_backend::{Backend, DesiredAttempt, Error, Registration, Report, Summary};
 use iris_kube_model as km;
 use iris_proto::job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::Store;
@@ -81,6 +83,8 @@ struct Core {
     settings: KubeSettings,
     pods: Api<Pod>,
     pdbs: Api<PodDisruptionBudget>,
+    /// Per-pod Secrets holding a job's secrets (owned by their pod).
+    secrets: Api<Secret>,
     workloads: Api<DynamicObject>,
     pod_store: Store<Pod>,
     workload_store: Store<DynamicObject>,

@@ -49,10 +49,24 @@ impl KubeBackend {
                 .await
                 .map_err(|e| ApplyError::Api(e.to_string()))?;
         }
-        core.pods
+        let applied = core
+            .pods
             .patch(&name, &pp, &Patch::Apply(&pod))
             .await
             .map_err(|e| ApplyError::Api(e.to_string()))?;
+        // The job's secrets, after the pod so the pod can own them (Kubernetes deletes them
+        // with it); the kubelet holds the task until its secret volume exists.
+        if let Some(secret) = km::manifest::build_secret(
+            &input,
+            &core.settings.provider,
+            applied.metadata.uid.as_deref(),
+        ) {
+            let secret_name = secret.metadata.name.clone().unwrap_or_default();
+            core.secrets
+                .patch(&secret_name, &pp, &Patch::Apply(&secret))
+                .await
+                .map_err(|e| ApplyError::Api(format!("creating the job's secrets: {e}")))?;
+        }
         Ok(name)
     }
 
@@ -117,45 +131,35 @@ pub(crate) fn attempt_uid_of(p: &Pod) -> Option<String> {
 }
 
 /// The pure manifest's input from a run request.
-fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::manifest::PodInput {
+pub(crate) fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::manifest::PodInput {
     let (job_id, index) = match req.task_id.rsplit_once('/') {
         Some((j, i)) => (j.to_string(), i.parse().unwrap_or(0)),
         None => (req.task_id.clone(), 0),
     };
     let res = req.resources.clone().unwrap_or_default();
-    let (gpu_count, gpu_variant) = match res.device.as_ref().and_then(|d| d.device.as_ref()) {
+    let device = res.device.as_ref().and_then(|d| d.device.as_ref());
+    let (gpu_count, gpu_variant) = match device {
         Some(job::device_config::Device::Gpu(g)) => (g.count.max(0) as u32, g.variant.clone()),
         _ => (0, String::new()),
     };
+    let tpu = matches!(device, Some(job::device_config::Device::Tpu(_)));
     let env: BTreeMap<String, String> = req
         .environment
         .as_ref()
         .map(|e| e.env_vars.clone().into_iter().collect())
         .unwrap_or_default();
-    let mut system_env = BTreeMap::new();
-    system_env.insert(
-        "IRIS_TASK_ID".to_string(),
-        format!("{}:{}", req.task_id, req.attempt_id),
-    );
-    system_env.insert("IRIS_ATTEMPT_UID".to_string(), req.attempt_uid.clone());
-    system_env.insert("IRIS_NUM_TASKS".to_string(), req.num_tasks.to_string());
-    system_env.insert("IRIS_JOB_ID".to_string(), job_id.clone());
-    system_env.insert("IRIS_BUNDLE_ID".to_string(), req.bundle_id.clone());
-    system_env.insert(
-        "IRIS_CONTROLLER_URL".to_string(),
-        controller_url.to_string(),
-    );
-    system_env.insert(
-        "IRIS_CONTROLLER_ADDRESS".to_string(),
-        controller_url.to_string(),
-    );
-    system_env.insert(
-        "IRIS_JOB_ENV".to_string(),
-        serde_json::to_string(&env).unwrap_or_else(|_| "{}".into()),
-    );
-    if !req.task_token.is_empty() {
-        system_env.insert("IRIS_TASK_TOKEN".to_string(), req.task_token.clone());
-    }
+    // The Iris variables as every backend derives them; the pod's own layout (bind on all
+    // interfaces, `/app`, the image's `python`) and no worker id or static advertise address
+    // (the pod IP comes from the downward API).
+    let pod_side = iris_backend::task_env::WorkerSide {
+        controller_url: controller_url.to_string(),
+        bind_host: "0.0.0.0".into(),
+        workdir: "/app".into(),
+        venv: "/app/.venv".into(),
+        python: "python".into(),
+        ..Default::default()
+    };
+    let system_env = iris_backend::task_env::iris_environment(req, &pod_side);
     let mut setup = Vec::new();
     if !req.bundle_id.is_empty() {
         setup.push(format!(
@@ -206,6 +210,7 @@ fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::manifest::P
         disk_bytes: res.disk_bytes.max(0) as u64,
         gpu_count,
         gpu_variant,
+        tpu,
         group_by: req
             .coscheduling
             .as_ref()

@@ -97,6 +97,7 @@ fn coordinator(band: Band) -> PodInput {
         disk_bytes: 20 << 30,
         gpu_count: 0,
         gpu_variant: String::new(),
+        tpu: false,
         group_by: None,
         constraints: vec![NodeConstraint::Eq {
             key: "region".into(),
@@ -128,6 +129,7 @@ fn h100_standalone() -> PodInput {
         disk_bytes: 0,
         gpu_count: 1,
         gpu_variant: "H100".into(),
+        tpu: false,
         constraints: vec![],
         timeout_seconds: None,
         task_image: Some("ghcr.io/bob/eval:cuda12".into()),
@@ -151,6 +153,7 @@ fn h100_gang_member() -> PodInput {
         disk_bytes: 500 << 30,
         gpu_count: 8,
         gpu_variant: "H100".into(),
+        tpu: false,
         group_by: Some("leafgroup".into()),
         constraints: vec![NodeConstraint::Eq {
             key: "pool".into(),
@@ -182,6 +185,7 @@ fn gb200_sliced_member() -> PodInput {
         disk_bytes: 0,
         gpu_count: 4,
         gpu_variant: "GB200".into(),
+        tpu: false,
         group_by: Some("nvlink.domain.sliced".into()),
         constraints: vec![],
         timeout_seconds: None,

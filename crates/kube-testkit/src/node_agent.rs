@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -92,7 +92,8 @@ impl NodeAgent {
             .await
             .map_err(|e| kube::Error::Service(e.to_string().into()))?;
         let client = kube::Client::try_from(config)?;
-        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let secrets: Api<Secret> = Api::namespaced(client, namespace);
         let (stop, mut stopped) = watch::channel(false);
         let index: LogIndex = Arc::default();
         let server = match &kubelet {
@@ -112,7 +113,8 @@ impl NodeAgent {
         let task = tokio::spawn(async move {
             let mut runs: HashMap<String, Run> = HashMap::new();
             loop {
-                if let Err(e) = pass(&pods, &work_dir, mode, &mut runs, &ran2, &index).await {
+                let apis = (&pods, &secrets);
+                if let Err(e) = pass(apis, &work_dir, mode, &mut runs, &ran2, &index).await {
                     tracing::warn!(error = %e, "node agent pass");
                 }
                 tokio::select! {
@@ -194,7 +196,7 @@ async fn send(pods: &Api<Pod>, call: Call) -> Result<(), kube::Error> {
 }
 
 async fn pass(
-    pods: &Api<Pod>,
+    (pods, secrets): (&Api<Pod>, &Api<Secret>),
     work_dir: &Path,
     mode: Mode,
     runs: &mut HashMap<String, Run>,
@@ -269,6 +271,10 @@ async fn pass(
                 );
             }
             None if pending => {
+                // As a kubelet, a pod whose Secret volume does not exist yet waits for it.
+                if matches!(mode, Mode::Process) && !stage_secrets(secrets, &pod, work_dir).await {
+                    continue;
+                }
                 let run = match mode {
                     Mode::Process => start_pod(&pod, work_dir),
                     Mode::Simulate(run_for) => simulate_pod(&pod, work_dir, run_for),
@@ -343,12 +349,7 @@ async fn pass(
 /// A pod whose containers are not run: each "runs" for `run_for`, then exits 0, with an empty
 /// log (kwok-style nodes, for scale benchmarks).
 fn simulate_pod(pod: &Pod, work_dir: &Path, run_for: Duration) -> Run {
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let short: String = uid.chars().take(8).collect();
-    let root = work_dir.join(format!(
-        "{}_{short}",
-        pod.metadata.name.clone().unwrap_or_default()
-    ));
+    let root = pod_root(pod, work_dir);
     let ended: Arc<Mutex<HashMap<String, Ended>>> = Arc::default();
     let mut pgids = Vec::new();
     let mut images = HashMap::new();
@@ -389,13 +390,53 @@ fn simulate_pod(pod: &Pod, work_dir: &Path, run_for: Duration) -> Run {
 }
 
 /// Starts every container of the pod; one that cannot start ends at once with code 128.
-fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
+/// The directory a pod's volumes and root filesystem live under.
+fn pod_root(pod: &Pod, work_dir: &Path) -> PathBuf {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let short: String = uid.chars().take(8).collect();
-    let root = work_dir.join(format!(
+    work_dir.join(format!(
         "{}_{short}",
         pod.metadata.name.clone().unwrap_or_default()
-    ));
+    ))
+}
+
+/// Writes each Secret volume of `pod` as files (one per key, with the volume's `defaultMode`)
+/// into the directory its mounts map to. False while a Secret is missing or unreadable.
+async fn stage_secrets(secrets: &Api<Secret>, pod: &Pod, work_dir: &Path) -> bool {
+    let volumes = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default();
+    for v in volumes {
+        let Some(source) = v.secret else { continue };
+        let Some(name) = source.secret_name else {
+            continue;
+        };
+        let secret = match secrets.get_opt(&name).await {
+            Ok(Some(s)) => s,
+            _ => return false,
+        };
+        let dir = pod_root(pod, work_dir).join("volumes").join(&v.name);
+        if std::fs::create_dir_all(&dir).is_err() {
+            return false;
+        }
+        let mode = source.default_mode.unwrap_or(0o644) as u32;
+        for (key, value) in secret.data.unwrap_or_default() {
+            let path = dir.join(&key);
+            let _ = std::fs::remove_file(&path);
+            if std::fs::write(&path, &value.0).is_err() {
+                return false;
+            }
+            let perm = std::os::unix::fs::PermissionsExt::from_mode(mode);
+            let _ = std::fs::set_permissions(&path, perm);
+        }
+    }
+    true
+}
+
+fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
+    let root = pod_root(pod, work_dir);
     let ended = Arc::new(Mutex::new(HashMap::new()));
     let mut pgids = Vec::new();
     let mut images = HashMap::new();

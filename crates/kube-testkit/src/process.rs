@@ -223,33 +223,36 @@ pub(crate) fn materialize_volumes(
 /// Replaces container paths (`/app`, `/app/x`, `"/app"`) by their local directories, at path
 /// boundaries only, longest container path first.
 pub(crate) fn rewrite_paths(s: &str, map: &[(String, String)]) -> String {
-    let mut out = s.to_string();
-    for (from, to) in map {
-        if from.is_empty() || from == "/" || !out.contains(from.as_str()) {
-            continue;
-        }
-        let mut result = String::with_capacity(out.len());
-        let mut rest = out.as_str();
-        let mut prev: Option<char> = None;
-        while let Some(pos) = rest.find(from.as_str()) {
-            let before = rest[..pos].chars().last().or(prev);
-            let after = rest[pos + from.len()..].chars().next();
-            let boundary_before = before.is_none_or(|c| {
-                !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '$' | '~'))
-            });
-            let boundary_after =
-                after.is_none_or(|c| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.')));
-            result.push_str(&rest[..pos]);
-            if boundary_before && boundary_after {
-                result.push_str(to);
-            } else {
-                result.push_str(from);
+    // One left-to-right pass, trying the mappings in the caller's order (longest first) at each
+    // path boundary: a replacement is never rewritten again (a volume's directory under /tmp
+    // must not be remapped by the pod's own /tmp mount).
+    let starts_path =
+        |c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | '$' | '~'));
+    let ends_path = |c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    let mut prev: Option<char> = None;
+    'scan: while i < s.len() {
+        let rest = &s[i..];
+        if prev.is_none_or(starts_path) {
+            for (from, to) in map {
+                if from.is_empty() || from == "/" {
+                    continue;
+                }
+                if let Some(after) = rest.strip_prefix(from.as_str()) {
+                    if after.chars().next().is_none_or(ends_path) {
+                        out.push_str(to);
+                        prev = from.chars().last();
+                        i += from.len();
+                        continue 'scan;
+                    }
+                }
             }
-            prev = from.chars().last();
-            rest = &rest[pos + from.len()..];
         }
-        result.push_str(rest);
-        out = result;
+        let Some(c) = rest.chars().next() else { break };
+        out.push(c);
+        prev = Some(c);
+        i += c.len_utf8();
     }
     out
 }
@@ -664,6 +667,18 @@ mod tests {
         );
         assert_eq!(rewrite_paths("/app", &map), "/tmp/p/app");
         assert_eq!(rewrite_paths("/app/.venv", &map), "/tmp/p/app/.venv");
+        // A replacement is not rewritten again by a shorter mapping it happens to start with.
+        let map = vec![
+            (
+                "/run/rigging/secrets".to_string(),
+                "/tmp/p/secrets".to_string(),
+            ),
+            ("/tmp".to_string(), "/tmp/p/tmp".to_string()),
+        ];
+        assert_eq!(
+            rewrite_paths("/run/rigging/secrets/TOKEN /tmp/x", &map),
+            "/tmp/p/secrets/TOKEN /tmp/p/tmp/x"
+        );
     }
 
     #[test]

@@ -62,14 +62,35 @@ pub(crate) struct Capacity {
     pub(crate) building: Vec<usize>,
     /// Assignments made in this plan.
     pub(crate) assigned_now: Vec<usize>,
-    max_building: usize,
-    max_assign: usize,
+    pub(crate) max_building: usize,
+    pub(crate) max_assign: usize,
+    /// Pooled workers (an in-process backend such as Kubernetes, where Kueue queues and places
+    /// pods): no build back-pressure, and their own per-cycle limit.
+    pub(crate) pooled: Vec<bool>,
+    pub(crate) max_assign_pooled: usize,
 }
 
 impl Capacity {
     /// Takes no more tasks this cycle (build back-pressure or per-cycle limit).
     pub(crate) fn closed(&self, w: usize) -> bool {
+        if self.pooled.get(w).copied().unwrap_or(false) {
+            return self.assigned_now[w] >= self.max_assign_pooled;
+        }
         self.building[w] >= self.max_building || self.assigned_now[w] >= self.max_assign
+    }
+
+    /// Holds as many ASSIGNED/BUILDING tasks as it may (never for a pooled worker).
+    pub(crate) fn backpressured(&self, w: usize) -> bool {
+        !self.pooled.get(w).copied().unwrap_or(false) && self.building[w] >= self.max_building
+    }
+
+    /// The per-cycle assignment limit of worker `w`.
+    pub(crate) fn assign_limit(&self, w: usize) -> usize {
+        if self.pooled.get(w).copied().unwrap_or(false) {
+            self.max_assign_pooled
+        } else {
+            self.max_assign
+        }
     }
 
     pub(crate) fn can_host(&self, w: usize, req: &Resources) -> bool {
@@ -85,6 +106,8 @@ impl Capacity {
             assigned_now: vec![0; n],
             max_building,
             max_assign,
+            pooled: vec![false; n],
+            max_assign_pooled: max_assign,
         }
     }
 
@@ -215,6 +238,8 @@ impl<'a> Engine<'a> {
             assigned_now: vec![0; workers.len()],
             max_building: policy.max_building_per_worker,
             max_assign: policy.max_assignments_per_worker_per_cycle,
+            pooled: workers.iter().map(|w| w.pooled).collect(),
+            max_assign_pooled: policy.max_assignments_per_pool_per_cycle,
         };
         // Task-key order. The keys' first 16 bytes ride along in the sorted array, so most
         // comparisons touch neither the task nor its key's heap bytes (tens of thousands of

@@ -23,7 +23,9 @@
 //!      (total − resources held by running tasks − assignments earlier in this plan); disk is not
 //!      checked. A worker takes nothing more once it holds `max_building_per_worker`
 //!      ASSIGNED/BUILDING tasks (counting this plan's) or received
-//!      `max_assignments_per_worker_per_cycle` assignments in this plan.
+//!      `max_assignments_per_worker_per_cycle` assignments in this plan. A pooled worker (an
+//!      in-process backend: Kueue queues and places its pods) has no build back-pressure and
+//!      takes up to `max_assignments_per_pool_per_cycle`.
 //! 3. **Explain** every unplaced task in [`Plan::pending_reasons`]. Reasons describe the state
 //!    at the end of placement (e.g. "Waiting for resources: no healthy worker has 12000m cpu free
 //!    (best: worker-a 4000m free)", "No worker matches constraint region EQ us-west",

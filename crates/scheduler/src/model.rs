@@ -181,8 +181,12 @@ pub struct Policy {
     pub max_tasks_per_job_per_cycle: usize,
     /// New assignments per worker per cycle (Iris: 4).
     pub max_assignments_per_worker_per_cycle: usize,
-    /// ASSIGNED+BUILDING tasks a worker may hold before taking no more (Iris: 8).
+    /// ASSIGNED+BUILDING tasks a worker may hold before taking no more (Iris: 8). Pooled
+    /// workers have none: Kueue queues their pods.
     pub max_building_per_worker: usize,
+    /// New assignments per pooled worker (an in-process backend) per cycle (ours: 1000; the
+    /// published Kubernetes provider has no pseudo worker to limit).
+    pub max_assignments_per_pool_per_cycle: usize,
 }
 
 impl Default for Policy {
@@ -191,6 +195,7 @@ impl Default for Policy {
             max_tasks_per_job_per_cycle: 4,
             max_assignments_per_worker_per_cycle: 4,
             max_building_per_worker: 8,
+            max_assignments_per_pool_per_cycle: 1000,
         }
     }
 }

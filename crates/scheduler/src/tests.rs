@@ -149,6 +149,46 @@ fn build_back_pressure_counts_assigned_and_building_tasks() {
     );
 }
 
+#[test]
+fn a_pooled_worker_has_no_build_back_pressure_and_its_own_cycle_limit() {
+    // Kueue queues a pooled backend's pods: 50 ASSIGNED/BUILDING attempts do not close it, and
+    // it takes past the per-worker limit of 4 (up to the pool's) in one cycle.
+    let building: Vec<_> = (0..50)
+        .map(|i| {
+            running(&format!("/x/b/{i}"), "k8s")
+                .cpu(10)
+                .building()
+                .build()
+        })
+        .collect();
+    let pending: Vec<_> = (0..12)
+        .map(|i| pending(&format!("/u{i}/j/0")).cpu(10).build())
+        .collect();
+    let pool = worker("k8s")
+        .cpu(1_000_000)
+        .mem_gib(1 << 20)
+        .pooled()
+        .build();
+    let s = snap(vec![pool.clone()], building.clone(), pending.clone());
+    let p = run(&s);
+    assert_eq!(p.assignments.len(), 12, "{:?}", p.pending_reasons);
+    let tight = Policy {
+        max_assignments_per_pool_per_cycle: 5,
+        ..Policy::default()
+    };
+    let plan = schedule(&snap(vec![pool], building, pending), &tight);
+    assert_eq!(plan.assignments.len(), 5);
+    let left = (0..12)
+        .map(|i| format!("/u{i}/j/0"))
+        .find(|t| !plan.assignments.iter().any(|a| a.task == *t))
+        .expect("an unplaced task");
+    assert_eq!(
+        reason(&plan, &left),
+        "Waiting for worker capacity: 1 worker(s) with room reached the limit of 5 new \
+         assignments per cycle"
+    );
+}
+
 // ---------------------------------------------------------------- per-job rules
 
 #[test]

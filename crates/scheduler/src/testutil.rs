@@ -36,6 +36,10 @@ impl WorkerB {
         self.0.attributes.insert(k.to_string(), v.into());
         self
     }
+    pub(crate) fn pooled(mut self) -> Self {
+        self.0.pooled = true;
+        self
+    }
     pub(crate) fn unhealthy(mut self) -> Self {
         self.0.healthy = false;
         self

@@ -220,6 +220,7 @@ fn small_policy() -> impl Strategy<Value = Policy> {
             max_tasks_per_job_per_cycle: a,
             max_assignments_per_worker_per_cycle: b,
             max_building_per_worker: c,
+            max_assignments_per_pool_per_cycle: b,
         }),
     ]
 }

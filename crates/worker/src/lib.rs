@@ -20,7 +20,7 @@ mod registration;
 mod service;
 mod setup;
 pub mod sim;
-pub mod task_env;
+pub use iris_backend::task_env;
 mod usage;
 
 use anyhow::Context;

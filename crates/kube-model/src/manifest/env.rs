@@ -45,6 +45,9 @@ fn layout_env(input: &PodInput, config: &ProviderConfig) -> BTreeMap<String, Str
         ("IRIS_VENV", "/app/.venv"),
         ("UV_PROJECT_ENVIRONMENT", "/app/.venv"),
         ("UV_CACHE_DIR", "/uv/cache"),
+        // The node may clean the shared cache while tasks run: venvs own copies.
+        ("UV_LINK_MODE", "copy"),
+        ("UV_PYTHON_INSTALL_DIR", "/uv/cache/python"),
         ("HF_HUB_CACHE", "/hf/cache"),
         ("CARGO_HOME", "/cargo"),
         ("CARGO_TARGET_DIR", "/cargo/target"),
@@ -73,13 +76,21 @@ const DOWNWARD_ENV: [(&str, &str); 2] = [
 ];
 
 /// The task container's environment: cluster `task_env` < job env < pod-layout and identity
-/// variables < the controller's `system_env`, sorted by name, then `IRIS_ADVERTISE_HOST` (pod
-/// IP) and `IRIS_NODE_NAME` (node) from the downward API, which nothing can override.
+/// variables < the controller's `system_env`, then where the job's secret files are (with
+/// secrets), sorted by name, then `IRIS_ADVERTISE_HOST` (pod IP) and `IRIS_NODE_NAME` (node)
+/// from the downward API, which nothing can override.
 pub fn pod_env(input: &PodInput, config: &ProviderConfig) -> Vec<EnvVar> {
     let mut merged = config.task_env.clone();
     merged.extend(input.env.clone());
     merged.extend(layout_env(input, config));
     merged.extend(input.system_env.clone());
+    if !input.secrets.is_empty() {
+        iris_backend::task_env::secret_environment(
+            input.secrets.keys(),
+            super::SECRETS_MOUNT_PATH,
+            &mut merged,
+        );
+    }
     for (name, _) in DOWNWARD_ENV {
         merged.remove(name);
     }

@@ -66,6 +66,9 @@ pub struct PodInput {
     pub gpu_count: u32,
     /// Accelerator variant (`H100`, `GB200`); empty for CPU pods.
     pub gpu_variant: String,
+    /// A TPU pod (a `tpu` device): the accelerator priority class, `SYS_RESOURCE` for locked
+    /// memory, the `/dev/shm` fallback size and no PDB, as GPU pods.
+    pub tpu: bool,
     /// Coscheduling level; `Some` makes the pod a gang member.
     pub group_by: Option<String>,
     /// Constraints that may map to a nodeSelector.
@@ -87,7 +90,12 @@ impl PodInput {
 
     /// True for a "coordinator": a single-task job without accelerators (gets a PDB).
     pub fn is_coordinator(&self) -> bool {
-        self.num_tasks <= 1 && self.gpu_count == 0
+        self.num_tasks <= 1 && !self.has_accelerator()
+    }
+
+    /// True for a GPU or TPU pod.
+    pub fn has_accelerator(&self) -> bool {
+        self.gpu_count > 0 || self.tpu
     }
 }
 

@@ -81,15 +81,23 @@ pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 pub const RDMA_RESOURCE: &str = "rdma/ib";
 /// Name of the container that runs the task.
 pub const TASK_CONTAINER: &str = "task";
-/// Where job secrets are mounted, one file per key.
-pub const SECRETS_MOUNT_PATH: &str = "/iris/secrets";
+/// Where job secrets are mounted, one file per key (rigging's well-known directory, which the
+/// task finds in `RIGGING_SECRETS_DIR`).
+pub const SECRETS_MOUNT_PATH: &str = "/run/rigging/secrets";
+/// The pod volume holding the job's secrets.
+const SECRETS_VOLUME: &str = "job-secrets";
+/// Mode of the secret files: readable by the owner and the pod's fsGroup, nobody else.
+const SECRET_FILE_MODE: i32 = 0o440;
+/// The pod's fsGroup when it mounts secrets, so the task's user can read them.
+const SECRET_GROUP: i64 = 2000;
 
 /// Longest pod name we produce (a DNS label).
 const MAX_POD_NAME_LEN: usize = 63;
 /// Longest label value Kubernetes accepts.
 const MAX_LABEL_VALUE_LEN: usize = 63;
-/// `/dev/shm` size for accelerator pods that request no memory.
-const SHM_FALLBACK: &str = "100Gi";
+/// `/dev/shm` size for accelerator pods that request no memory (100 GiB, in bytes as the
+/// reference writes it).
+const SHM_FALLBACK: &str = "107374182400";
 const GIB: u64 = 1 << 30;
 
 /// Why a manifest cannot be built. The task fails terminally with this message.
@@ -158,6 +166,7 @@ mod tests {
             disk_bytes: 0,
             gpu_count: 0,
             gpu_variant: String::new(),
+            tpu: false,
             group_by: None,
             constraints: vec![],
             timeout_seconds: None,
@@ -230,6 +239,7 @@ mod tests {
             num_tasks: 8,
             gpu_count: 8,
             gpu_variant: "H100".into(),
+            tpu: false,
             group_by: Some("leafgroup".into()),
             band: Band::Batch,
             ..input()
@@ -339,6 +349,7 @@ mod tests {
         let gpu = PodInput {
             gpu_count: 8,
             gpu_variant: "H100".into(),
+            tpu: false,
             cpu_millicores: 32_000,
             memory_bytes: 0,
             disk_bytes: 100 * GIB + 5,
@@ -366,7 +377,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             shm.empty_dir.as_ref().unwrap().size_limit,
-            Some(Quantity("100Gi".into()))
+            Some(Quantity("107374182400".into()))
         );
         assert_eq!(s.tolerations.as_ref().map(Vec::len), Some(2));
 
@@ -480,6 +491,7 @@ mod tests {
             num_tasks: 18,
             gpu_count: 4,
             gpu_variant: "GB200".into(),
+            tpu: false,
             group_by: Some("nvlink.domain.sliced".into()),
             ..input()
         };
@@ -622,13 +634,55 @@ mod tests {
             .as_ref()
             .unwrap()
             .iter()
-            .find(|v| v.name == "task-secrets")
+            .find(|v| v.name == "job-secrets")
             .unwrap();
+        let source = vol.secret.as_ref().unwrap();
+        assert_eq!(source.secret_name, Some(format!("{pod_name}-secrets")));
+        assert_eq!(source.default_mode, Some(0o440));
         assert_eq!(
-            vol.secret.as_ref().unwrap().secret_name,
-            Some(format!("{pod_name}-secrets"))
+            spec(&pod)
+                .security_context
+                .as_ref()
+                .and_then(|c| c.fs_group),
+            Some(2000),
+            "the task reads its secrets through the pod's fsGroup"
+        );
+        let task = &spec(&pod).containers[0];
+        let mount = task
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == "job-secrets")
+            .unwrap();
+        assert_eq!(mount.mount_path, "/run/rigging/secrets");
+        assert_eq!(mount.read_only, Some(true));
+        let env: BTreeMap<String, String> = task
+            .env
+            .clone()
+            .unwrap()
+            .into_iter()
+            .filter_map(|e| Some((e.name, e.value?)))
+            .collect();
+        assert_eq!(env["RIGGING_SECRETS_DIR"], "/run/rigging/secrets");
+        assert!(!env.values().any(|v| v == "s3cr3t"), "no value in the env");
+        assert!(
+            build_pod(&input(), &cfg)
+                .unwrap()
+                .spec
+                .unwrap()
+                .security_context
+                .is_none(),
+            "no fsGroup without secrets"
         );
         let secret = build_secret(&inp, &cfg, Some("uid-1")).unwrap();
+        assert_eq!(
+            secret
+                .string_data
+                .as_ref()
+                .and_then(|d| d.get("WANDB_API_KEY")),
+            Some(&"s3cr3t".to_string())
+        );
         assert_eq!(secret.metadata.name, Some(format!("{pod_name}-secrets")));
         let owner = &secret.metadata.owner_references.unwrap()[0];
         assert_eq!(

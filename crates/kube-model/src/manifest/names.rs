@@ -130,7 +130,7 @@ pub fn pod_labels(input: &PodInput, config: &ProviderConfig) -> BTreeMap<String,
     );
     labels.insert(
         KUEUE_PRIORITY_CLASS.into(),
-        priority::workload_priority_class(input.band, input.is_gang(), input.gpu_count > 0),
+        priority::workload_priority_class(input.band, input.is_gang(), input.has_accelerator()),
     );
     if input.is_gang() {
         labels.insert(

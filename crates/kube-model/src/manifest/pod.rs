@@ -6,9 +6,11 @@ use super::input::{NodeConstraint, PodInput, ProviderConfig};
 use super::names::{pod_annotations, pod_labels, pod_name};
 use super::resources::resources;
 use super::volumes::volumes;
-use super::{ManifestError, GPU_RESOURCE, NODE_LABEL_POOL, NODE_LABEL_REGION, TASK_CONTAINER};
+use super::{
+    ManifestError, GPU_RESOURCE, NODE_LABEL_POOL, NODE_LABEL_REGION, SECRET_GROUP, TASK_CONTAINER,
+};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, Pod, PodSpec, SecurityContext, Toleration,
+    Capabilities, Container, Pod, PodSecurityContext, PodSpec, SecurityContext, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
@@ -82,9 +84,14 @@ pub fn build_pod(input: &PodInput, config: &ProviderConfig) -> Result<Pod, Manif
         resources: resources(input, config),
         volume_mounts: Some(volume_mounts),
         termination_message_policy: Some("FallbackToLogsOnError".into()),
+        // SYS_PTRACE for profiling; a TPU also needs SYS_RESOURCE to lock memory.
         security_context: Some(SecurityContext {
             capabilities: Some(Capabilities {
-                add: Some(vec!["SYS_PTRACE".into()]),
+                add: Some(if input.tpu {
+                    vec!["SYS_PTRACE".into(), "SYS_RESOURCE".into()]
+                } else {
+                    vec!["SYS_PTRACE".into()]
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -121,6 +128,10 @@ pub fn build_pod(input: &PodInput, config: &ProviderConfig) -> Result<Pod, Manif
         priority_class_name: Some(config.priority_class_name(input.band)),
         active_deadline_seconds,
         service_account_name: config.service_account.clone().filter(|s| !s.is_empty()),
+        security_context: (!input.secrets.is_empty()).then(|| PodSecurityContext {
+            fs_group: Some(SECRET_GROUP),
+            ..Default::default()
+        }),
         ..Default::default()
     };
 

@@ -39,7 +39,8 @@ pub fn build_secret(
             ..Default::default()
         },
         type_: Some("Opaque".into()),
-        string_data: Some(input.secrets.clone()),
+        // One file per secret, plus the AWS credentials file the CoreWeave keys make.
+        string_data: Some(iris_backend::task_env::secret_files(&input.secrets)),
         ..Default::default()
     })
 }

@@ -3,7 +3,7 @@
 
 use super::input::{PodInput, ProviderConfig};
 use super::secret::secret_name;
-use super::{SECRETS_MOUNT_PATH, SHM_FALLBACK};
+use super::{SECRETS_MOUNT_PATH, SECRETS_VOLUME, SECRET_FILE_MODE, SHM_FALLBACK};
 use k8s_openapi::api::core::v1::{
     EmptyDirVolumeSource, HostPathVolumeSource, SecretVolumeSource, Volume, VolumeMount,
 };
@@ -60,7 +60,7 @@ pub(super) fn volumes(
     }
     let shm_limit = if input.memory_bytes > 0 {
         Some(Quantity(input.memory_bytes.to_string()))
-    } else if input.gpu_count > 0 {
+    } else if input.has_accelerator() {
         Some(Quantity(SHM_FALLBACK.into()))
     } else {
         None
@@ -76,17 +76,19 @@ pub(super) fn volumes(
     });
     mounts.push(mount("dshm", "/dev/shm"));
     if !input.secrets.is_empty() {
+        // Readable by the pod's fsGroup only (0440), as the reference mounts them.
         vols.push(Volume {
-            name: "task-secrets".into(),
+            name: SECRETS_VOLUME.into(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(secret_name(pod)),
+                default_mode: Some(SECRET_FILE_MODE),
                 ..Default::default()
             }),
             ..Default::default()
         });
         mounts.push(VolumeMount {
             read_only: Some(true),
-            ..mount("task-secrets", SECRETS_MOUNT_PATH)
+            ..mount(SECRETS_VOLUME, SECRETS_MOUNT_PATH)
         });
     }
     (vols, mounts)

@@ -4,7 +4,7 @@
 //! capacity (with the best worker's free amount), build back-pressure or the per-cycle limits,
 //! or the per-job cycle cap. Explanations are memoized per constraint set and request shape.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Engine, Status};
 use crate::constraint::satisfied;
@@ -163,9 +163,9 @@ impl Engine<'_> {
         for &w in &summary.eligible {
             if req.fits_in(&self.cap.free[w]) {
                 fitting += 1;
-                if self.cap.building[w] >= self.cap.max_building {
+                if self.cap.backpressured(w) {
                     backpressured += 1;
-                } else if self.cap.assigned_now[w] >= self.cap.max_assign {
+                } else if self.cap.assigned_now[w] >= self.cap.assign_limit(w) {
                     cycle_limited += 1;
                 }
             }
@@ -183,9 +183,15 @@ impl Engine<'_> {
             ));
         }
         if cycle_limited > 0 {
+            let limits: BTreeSet<usize> = summary
+                .eligible
+                .iter()
+                .map(|&w| self.cap.assign_limit(w))
+                .collect();
+            let limits: Vec<String> = limits.iter().map(|l| l.to_string()).collect();
             parts.push(format!(
                 "{cycle_limited} worker(s) with room reached the limit of {} new assignments per cycle",
-                self.cap.max_assign
+                limits.join(" or ")
             ));
         }
         if parts.is_empty() {

@@ -1,9 +1,14 @@
-//! The environment a task process starts with, as the published worker builds it: the `IRIS_*`
-//! variables derived from the `RunTaskRequest`, then the cluster's `task_env` defaults, then the
-//! job's own env, then what the worker owns and nobody may replace (the attempt uid, the task
-//! token, the worker's region, the interpreter in `IRIS_PYTHON`).
+//! The environment a task process starts with, shared by every backend.
 //!
-//! Pure: the caller supplies everything the worker knows ([`WorkerSide`]); no I/O here.
+//! [`iris_environment`] is the `IRIS_*` part derived from the `RunTaskRequest` and what the
+//! runner knows ([`WorkerSide`]); [`secret_environment`] points the well-known clients at the
+//! job's secret files. A worker daemon layers them as the published worker does
+//! ([`task_environment`]: Iris variables, then the cluster's `task_env` defaults, then the job's
+//! own env, then what the worker owns and nobody may replace — the attempt uid, the task token,
+//! the worker's region, the interpreter in `IRIS_PYTHON`). The Kubernetes backend layers them as
+//! the published pod builder does (cluster `task_env` < job env < Iris variables).
+//!
+//! Pure: the caller supplies everything it knows; no I/O here.
 
 use iris_proto::job;
 use std::collections::BTreeMap;
@@ -12,15 +17,21 @@ use std::collections::BTreeMap;
 /// constraints are re-derived from each child's own resources), as in the reference.
 const INHERITED_CONSTRAINT_KEYS: [&str; 2] = ["region", "zone"];
 
-/// What the worker contributes to a task's environment.
+/// What the runner (a worker daemon, or the Kubernetes backend for a pod) contributes to a
+/// task's environment.
 #[derive(Clone, Debug, Default)]
 pub struct WorkerSide {
+    /// `IRIS_WORKER_ID`; empty (Kubernetes) leaves it unset.
     pub worker_id: String,
+    /// The controller tasks call back (`IRIS_CONTROLLER_ADDRESS` and `_URL`); empty leaves both
+    /// unset.
     pub controller_url: String,
-    /// The address other tasks and users reach this worker's tasks on.
+    /// The address other tasks and users reach this worker's tasks on; empty leaves it unset
+    /// (on Kubernetes the pod IP comes from the downward API).
     pub advertise_host: String,
     /// The address tasks should bind their servers to (the worker's own bind address).
     pub bind_host: String,
+    /// The task's working directory (`IRIS_WORKDIR`).
     pub workdir: String,
     /// The venv the setup populates and the run phase activates (`IRIS_VENV`).
     pub venv: String,
@@ -92,8 +103,10 @@ fn proto_json<T: serde::Serialize>(m: &T) -> serde_json::Value {
     rename(serde_json::to_value(m).unwrap_or_default())
 }
 
-/// The environment of one attempt's process, in the order the reference layers it.
-pub fn task_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<String, String> {
+/// The `IRIS_*` variables (and the platform variables a TPU needs) of one attempt, from the
+/// request and what the runner knows: identity, controller, addresses, paths, the parent's
+/// setup scripts, env and inheritable constraints for child jobs, ports and resources.
+pub fn iris_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     let mut set = |k: &str, v: String| {
         env.insert(k.to_string(), v);
@@ -116,12 +129,17 @@ pub fn task_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<S
         set("IRIS_TASK_TOKEN", run.task_token.clone());
     }
     set("IRIS_BIND_HOST", w.bind_host.clone());
-    set("IRIS_ADVERTISE_HOST", w.advertise_host.clone());
+    if !w.advertise_host.is_empty() {
+        set("IRIS_ADVERTISE_HOST", w.advertise_host.clone());
+    }
     set("IRIS_WORKDIR", w.workdir.clone());
     // uv (sync and pip install) populates the same venv whatever directory a script runs in.
     set("IRIS_VENV", w.venv.clone());
     set("UV_PROJECT_ENVIRONMENT", w.venv.clone());
-    set("IRIS_WORKER_ID", w.worker_id.clone());
+    if !w.worker_id.is_empty() {
+        set("IRIS_WORKER_ID", w.worker_id.clone());
+    }
+    set("IRIS_PYTHON", w.python.clone());
     let environment = run.environment.clone().unwrap_or_default();
     // Always set, even when empty: a child can tell a parent that ran no setup from a top-level
     // submission with no parent.
@@ -171,23 +189,39 @@ pub fn task_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<S
             set("IRIS_TASK_RESOURCES", json.to_string());
         }
     }
+    env
+}
+
+/// Where the job's secret files are (never their values): `RIGGING_SECRETS_DIR`, which nothing
+/// may replace, then the well-known clients' paths, which the job's own env may set otherwise
+/// (`HF_TOKEN_PATH` with an `HF_TOKEN` secret, `AWS_SHARED_CREDENTIALS_FILE` with both CoreWeave
+/// object-storage keys). Applies them to `env`, the rest of the task's environment.
+pub fn secret_environment<'a>(
+    secrets: impl IntoIterator<Item = &'a String>,
+    dir: &str,
+    env: &mut BTreeMap<String, String>,
+) {
+    let names: Vec<&String> = secrets.into_iter().collect();
+    let has = |k: &str| names.iter().any(|n| n.as_str() == k);
+    env.insert("RIGGING_SECRETS_DIR".into(), dir.to_string());
+    if has("HF_TOKEN") {
+        env.entry("HF_TOKEN_PATH".into())
+            .or_insert_with(|| format!("{dir}/HF_TOKEN"));
+    }
+    if has("CW_KEY_ID") && has("CW_KEY_SECRET") {
+        env.entry("AWS_SHARED_CREDENTIALS_FILE".into())
+            .or_insert_with(|| format!("{dir}/{AWS_CREDENTIALS_FILE}"));
+    }
+}
+
+/// The environment of one attempt's process on a worker, in the order the reference layers it.
+pub fn task_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<String, String> {
+    let mut env = iris_environment(run, w);
+    let environment = run.environment.clone().unwrap_or_default();
     env.extend(w.task_env.clone());
     env.extend(environment.env_vars);
     if let Some(dir) = &w.secrets_dir {
-        // Where the files are (never the values): forced, then the well-known clients' paths
-        // unless the job set them.
-        env.insert("RIGGING_SECRETS_DIR".into(), dir.clone());
-        if environment.secrets.contains_key("HF_TOKEN") {
-            env.entry("HF_TOKEN_PATH".into())
-                .or_insert_with(|| format!("{dir}/HF_TOKEN"));
-        }
-        if ["CW_KEY_ID", "CW_KEY_SECRET"]
-            .iter()
-            .all(|k| environment.secrets.contains_key(*k))
-        {
-            env.entry("AWS_SHARED_CREDENTIALS_FILE".into())
-                .or_insert_with(|| format!("{dir}/{AWS_CREDENTIALS_FILE}"));
-        }
+        secret_environment(environment.secrets.keys(), dir, &mut env);
     }
     // What the controller and the worker own: user and cluster env cannot replace these.
     env.remove("IRIS_ATTEMPT_UID");
