@@ -202,6 +202,15 @@ webhook:
   certDir: $RUN/pki/kueue
 leaderElection:
   leaderElect: false
+# As Kueue's released manifests configure it (the library default is 20 QPS, one worker per
+# kind, which admits and ungates a few pods a second).
+controller:
+  groupKindConcurrency:
+    Pod: 5
+    Workload.kueue.x-k8s.io: 5
+clientConnection:
+  qps: 50
+  burst: 100
 internalCertManagement:
   enable: false
 managedJobsNamespaceSelector:

@@ -733,11 +733,32 @@ fn bench_pods_and_attempts_through_the_real_api_server() {
         end_to_end.as_secs_f64()
     );
     drop(cluster);
-    // The controller garbage-collects settled pods while it runs; what it left is removed here.
+    // The controller garbage-collects settled pods while it runs; what it left is removed here
+    // (Kueue's finalizer dropped first, as Kueue would drop it, only later).
     let managed = ListParams::default().labels("iris.managed=true");
-    let _ = env
-        .rt
-        .block_on(pods.delete_collection(&Default::default(), &managed));
+    env.rt.block_on(async {
+        use futures::StreamExt;
+        let left = pods
+            .list_metadata(&managed)
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let unpin = serde_json::json!({"metadata": {"finalizers": null}});
+        futures::stream::iter(left)
+            .map(|p| {
+                let (pods, unpin) = (pods.clone(), unpin.clone());
+                async move {
+                    let name = p.metadata.name.unwrap_or_default();
+                    let _ = pods
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&unpin))
+                        .await;
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<()>>()
+            .await;
+        let _ = pods.delete_collection(&Default::default(), &managed).await;
+    });
     wait_for(LONG, "the Iris pods to be gone", || {
         names("iris-").is_empty().then_some(())
     });
