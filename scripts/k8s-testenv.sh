@@ -349,7 +349,10 @@ EOF
   fi
   if [[ ${IRIS_K8S_KUEUE_OBJECTS:-1} != 0 ]]; then
     # The webhook server may still be warming up: retry the admin objects briefly.
-    wait_for kueue 30 kc apply -f "$SRC/kueue-objects.yaml"
+    # IRIS_K8S_TOPOLOGY picks the flavor's Topology: infiniband (H100 clusters) or nvlink (GB200).
+    sed "s/topologyName: infiniband/topologyName: ${IRIS_K8S_TOPOLOGY:-infiniband}/" \
+      "$SRC/kueue-objects.yaml" >"$RUN/kueue-objects.yaml"
+    wait_for kueue 30 kc apply -f "$RUN/kueue-objects.yaml"
   fi
   cat >"$RUN/env" <<EOF
 export KUBECONFIG=$RUN/kubeconfig

@@ -2,6 +2,8 @@
 # Prints the test cluster's Node objects (YAML) for `kubectl apply`: CoreWeave-shaped labels and
 # capacities, Ready, with no kubelet behind them (kube-scheduler binds to them all the same).
 #   IRIS_K8S_CPU_NODES (default 2), IRIS_K8S_H100_NODES (default 4, two per leafgroup),
+#   IRIS_K8S_GB200_NODES (default 0; 4 GPUs each, 18 per NVL72 rack = NVLink domain, a rack per
+#   leafgroup; the cluster then needs IRIS_K8S_TOPOLOGY=nvlink),
 #   IRIS_K8S_LABEL_PREFIX (default iris: nodes carry iris-<prefix>-managed=true),
 #   IRIS_K8S_KUBELET_PORT (default 10250: where the node agent serves container logs).
 set -euo pipefail
@@ -63,4 +65,12 @@ for ((i = 0; i < ${IRIS_K8S_H100_NODES:-4}; i++)); do
     "    nvidia.com/gpu.product: H100
     gpu.nvidia.com/model: H100
     node.kubernetes.io/instance-type: gd-8xh100ib-i128"
+done
+for ((i = 0; i < ${IRIS_K8S_GB200_NODES:-0}; i++)); do
+  rack=$((i / 18))
+  node "gb200-$i" 144 900Gi 4 ib-fabric-0 ib-superpod-0 "ib-leaf-gb-$rack" \
+    "    ds.coreweave.com/nvlink.domain: nvl72-rack-$rack" \
+    "    nvidia.com/gpu.product: GB200
+    gpu.nvidia.com/model: GB200
+    node.kubernetes.io/instance-type: gb200-4x"
 done

@@ -388,6 +388,86 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
 }
 
 #[test]
+fn gb200_rack_slices_through_real_kueue() {
+    // Two NVL72 racks of 18 GB200 nodes (4 GPUs each) under the NVLink-domain Topology.
+    let env = start_env_with(
+        &[
+            ("IRIS_K8S_GB200_NODES", "36"),
+            ("IRIS_K8S_H100_NODES", "0"),
+            ("IRIS_K8S_TOPOLOGY", "nvlink"),
+        ],
+        AgentMode::Process,
+    );
+    for (i, resource) in [(3, "nvidia.com/gpu"), (4, "rdma/ib")] {
+        let patch = format!(
+            r#"[{{"op":"replace","path":"/spec/resourceGroups/0/flavors/0/resources/{i}/nominalQuota","value":"144"}}]"#
+        );
+        let out = env.kubectl(&[
+            "patch",
+            "clusterqueue",
+            "cluster-queue",
+            "--type=json",
+            "-p",
+            &patch,
+        ]);
+        assert!(out.contains("patched"), "{resource} quota: {out}");
+    }
+    let yaml = format!(
+        "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: http://127.0.0.1:9\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  gb200:\n    num_vms: 36\n    resources: {{cpu: 144, ram: 900GB, disk: 1TB, device_type: gpu, device_variant: GB200, device_count: 4, capacity_type: on-demand}}\n",
+        env.run_dir.join("kubeconfig").display()
+    );
+    let cluster = TestCluster::start_with_args(&[], Some(&yaml), &[]);
+    // 32 node-saturating pods: the CLI picks the sliced NVLink level, two slices of 16, each
+    // bound to one rack (a rack has 18 nodes, so two slices can never share one).
+    let job = run(
+        &cluster,
+        "big",
+        &[
+            "--enable-extra-resources",
+            "--gpu",
+            "GB200x4",
+            "--replicas",
+            "32",
+        ],
+        &["sh", "-c", "echo rank $IRIS_TASK_ID"],
+    );
+    let summary = finish(&cluster, &job);
+    assert_eq!(
+        summary["state"],
+        "succeeded",
+        "{summary}\nworkloads: {}\npods: {}",
+        env.kubectl(&["get", "workloads.kueue.x-k8s.io", "-A", "-o", "wide"]),
+        env.kubectl(&["get", "pods", "-A", "-o", "wide"])
+    );
+    let ran = env.ran();
+    let rack_of = |node: &str| -> u32 {
+        let i: u32 = node
+            .trim_start_matches("gb200-")
+            .parse()
+            .expect("a GB200 node");
+        i / 18
+    };
+    let mut racks: [std::collections::BTreeSet<u32>; 2] = Default::default();
+    for i in 0..32u32 {
+        let task = format!("{job}/{i}");
+        let rows = cluster.attempts(&task);
+        let first = rows.first().expect("an attempt");
+        let id = first["attempt_id"].as_i64().unwrap_or(0) as u32;
+        let uid = first["attempt_uid"].as_str().unwrap_or("");
+        let name = iris_kube_model::manifest::pod_name(&task, id, uid);
+        let pod = ran
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("pod {name} ran: {ran:?}"));
+        racks[(i / 16) as usize].insert(rack_of(&pod.node));
+    }
+    assert!(
+        racks[0].len() == 1 && racks[1].len() == 1 && racks[0] != racks[1],
+        "each slice of 16 within one rack, the two in different racks: {racks:?}"
+    );
+}
+
+#[test]
 fn quota_hold_and_preemption_through_real_kueue() {
     let env = start_env();
     // 16 GPUs of quota: one 8×2 gang fills it.
