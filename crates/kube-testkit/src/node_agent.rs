@@ -368,28 +368,44 @@ fn simulate_pod(pod: &Pod, work_dir: &Path, run_for: Duration) -> Run {
         let name = c.name.clone();
         tokio::spawn(async move {
             tokio::time::sleep(run_for).await;
-            if let Ok(mut m) = ended.lock() {
-                m.insert(
-                    name,
-                    Ended {
-                        code: 0,
-                        at: now_rfc3339(),
-                    },
-                );
-            }
+            record_end(&ended, name, 0);
         });
     }
-    Run {
-        root,
-        started_at: now_rfc3339(),
-        pgids,
-        images,
-        ended,
-        reported_final: false,
+    Run::started(root, pgids, images, ended)
+}
+
+/// Records that container `name` exited with `code`, now.
+fn record_end(ended: &Mutex<HashMap<String, Ended>>, name: String, code: i32) {
+    if let Ok(mut m) = ended.lock() {
+        m.insert(
+            name,
+            Ended {
+                code,
+                at: now_rfc3339(),
+            },
+        );
     }
 }
 
-/// Starts every container of the pod; one that cannot start ends at once with code 128.
+impl Run {
+    /// A pod whose containers were just started (or simulated).
+    fn started(
+        root: PathBuf,
+        pgids: Vec<(String, i32)>,
+        images: HashMap<String, String>,
+        ended: Arc<Mutex<HashMap<String, Ended>>>,
+    ) -> Run {
+        Run {
+            root,
+            started_at: now_rfc3339(),
+            pgids,
+            images,
+            ended,
+            reported_final: false,
+        }
+    }
+}
+
 /// The directory a pod's volumes and root filesystem live under.
 fn pod_root(pod: &Pod, work_dir: &Path) -> PathBuf {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -435,6 +451,7 @@ async fn stage_secrets(secrets: &Api<Secret>, pod: &Pod, work_dir: &Path) -> boo
     true
 }
 
+/// Starts every container of the pod; one that cannot start ends at once with code 128.
 fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
     let root = pod_root(pod, work_dir);
     let ended = Arc::new(Mutex::new(HashMap::new()));
@@ -452,26 +469,11 @@ fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
             Err(e) => {
                 tracing::warn!(container = %c.name, error = %e, "node agent: container did not start");
                 pgids.push((c.name.clone(), 0));
-                if let Ok(mut m) = ended.lock() {
-                    m.insert(
-                        c.name.clone(),
-                        Ended {
-                            code: 128,
-                            at: now_rfc3339(),
-                        },
-                    );
-                }
+                record_end(&ended, c.name.clone(), 128);
             }
         }
     }
-    Run {
-        root,
-        started_at: now_rfc3339(),
-        pgids,
-        images,
-        ended,
-        reported_final: false,
-    }
+    Run::started(root, pgids, images, ended)
 }
 
 fn spawn(
@@ -558,15 +560,7 @@ fn spawn(
         let status = child.wait().await;
         crate::process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
         let code = status.map(crate::process::exit_code).unwrap_or(128);
-        if let Ok(mut m) = ended.lock() {
-            m.insert(
-                name,
-                Ended {
-                    code,
-                    at: now_rfc3339(),
-                },
-            );
-        }
+        record_end(&ended, name, code);
     });
     Ok(pgid)
 }
