@@ -1,7 +1,9 @@
 """Pod manifests built by the PUBLISHED Kubernetes provider, for our parity test.
 
 Prints a JSON list: one entry per case with the RunTaskRequest (binary protobuf, hex), the
-provider settings it was built with, and the published ``_build_pod_manifest`` output.
+provider settings it was built with, and the published ``_build_pod_manifest`` output with the
+workdir-staging init container and volume ``_build_init_container_spec`` adds (joined as the
+published provider joins them when it applies a pod).
 ``crates/kube-backend/src/parity.rs`` builds the same requests with our manifest code and
 compares field by field (tests/compat/run.sh runs it).
 """
@@ -55,6 +57,8 @@ def request(
     ports: list | None = None,
     region: str | None = None,
     bundle: str = "",
+    workdir_files: dict | None = None,
+    workdir_file_refs: dict | None = None,
 ) -> job_pb2.RunTaskRequest:
     r = job_pb2.RunTaskRequest()
     r.task_id = task_id
@@ -86,6 +90,10 @@ def request(
     if timeout_s:
         r.timeout.milliseconds = timeout_s * 1000
     r.ports.extend(ports or [])
+    for k, v in (workdir_files or {}).items():
+        r.entrypoint.workdir_files[k] = v
+    for k, v in (workdir_file_refs or {}).items():
+        r.entrypoint.workdir_file_refs[k] = v
     if region:
         c = r.constraints.add()
         c.key = "region"
@@ -136,6 +144,18 @@ CASES = [
         ),
     ),
     (
+        "cpu-staged-workdir",
+        False,
+        request(
+            "/dave/callable/0",
+            cpu=1000,
+            memory=2 << 30,
+            bundle="9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+            workdir_files={"_callable.pkl": b"\x80\x05N."},
+            workdir_file_refs={"data/prompts.json": "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"},
+        ),
+    ),
+    (
         "cpu-replicas-batch",
         False,
         request(
@@ -170,7 +190,12 @@ CASES = [
 def main() -> None:
     out = []
     for name, host_network, req in CASES:
-        pod = tasks._build_pod_manifest(req, pod_config(host_network))
+        cfg = pod_config(host_network)
+        pod = tasks._build_pod_manifest(req, cfg)
+        pod_name = pod["metadata"]["name"]
+        init, volumes, _ = tasks._build_init_container_spec(req, pod_name, cfg.default_image, cfg.controller_address)
+        pod["spec"]["initContainers"] = init + pod["spec"].get("initContainers", [])
+        pod["spec"]["volumes"].extend(volumes)
         out.append(
             {
                 "case": name,

@@ -1,9 +1,12 @@
 //! The contract between the controller and an in-process backend: something other than worker
 //! daemons that runs attempts (today Kubernetes, in `iris-kube-backend`).
 //!
-//! A backend sits behind the same reconcile contract as a worker: it registers as one pseudo
-//! worker ([`Registration`]: capacity and attributes), receives the complete desired set of
-//! attempts on every round ([`DesiredAttempt`]), and answers with facts ([`Report`]:
+//! A backend sits behind the same reconcile contract as a worker, but it is not a worker: it
+//! has no worker row and `ListWorkers` does not list it. It registers a placement target
+//! ([`Registration`]: capacity and attributes, which the scheduler treats as a pool that places
+//! work itself), receives the complete desired set of its attempts on every round
+//! ([`DesiredAttempt`]; its attempts have no worker and name the backend), and answers with
+//! facts ([`Report`]:
 //! [`Observation`]s, plus task events with their own source, e.g. `k8s/kueue`, and log lines,
 //! which the controller stores exactly as it stores a worker's). It also describes itself for
 //! `ListBackends` ([`Summary`]).
@@ -34,13 +37,14 @@ use iris_types::{AttrValue, Band, Resources, TaskId, TaskState};
 
 /// An in-process backend. Implementations are shared as `Arc<dyn Backend>`.
 pub trait Backend: Send + Sync {
-    /// The pseudo worker id it registers as (also its backend id in `ListBackends`).
-    fn worker_id(&self) -> String;
+    /// Its id: the placement target the scheduler sees, the `backend_id` its attempts carry and
+    /// its entry in `ListBackends`.
+    fn backend_id(&self) -> String;
     /// Capacity and attributes to register (asked for again after every successful round, so
     /// capacity can follow the cluster).
     fn registration(&self) -> BoxFuture<'_, Result<Registration, Error>>;
-    /// Makes the backend's attempts match `desired` (the complete set for this pseudo worker:
-    /// an attempt it holds that is not listed is no longer wanted) and reports what it observes.
+    /// Makes the backend's attempts match `desired` (the complete set for this backend: an
+    /// attempt it holds that is not listed is no longer wanted) and reports what it observes.
     fn reconcile(&self, desired: Vec<DesiredAttempt>) -> BoxFuture<'_, Result<Report, Error>>;
     /// What `ListBackends` shows for it.
     fn summary(&self) -> BoxFuture<'_, Result<Summary, Error>>;
@@ -125,7 +129,7 @@ impl Error {
     }
 }
 
-/// What a backend registers as: one pseudo worker.
+/// What a backend registers as: one placement target (a pool, not a worker).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Registration {
     /// Shown as the worker's host, e.g. `kubernetes/<namespace>`.
@@ -142,7 +146,7 @@ pub struct Registration {
     pub scale_group: String,
 }
 
-/// The accelerator of a pseudo worker.
+/// The accelerator of a backend's placement target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Device {
     /// No accelerator.

@@ -239,6 +239,19 @@ pub fn task_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<S
     env
 }
 
+/// Whether a setup script runs `uv sync` (outside comments): such a step needs the job's
+/// `pyproject.toml` in the working directory, so both kinds of backend skip it when there is
+/// none (a worker decides before it runs anything; a pod's script checks when it gets there).
+pub fn runs_uv_sync(script: &str) -> bool {
+    script
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .any(|l| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.windows(2).any(|w| w == ["uv", "sync"])
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,9 +59,9 @@ fn start() -> Env {
     );
     let cluster =
         TestCluster::start_with_args(&[], Some(&yaml), &["--dashboard-bind", "127.0.0.1:0"]);
-    wait_until(LONG, "the Kubernetes pseudo workers to register", || {
-        let h = cluster.healthy_workers();
-        h.iter().any(|w| w == "k8s-cpu") && h.iter().any(|w| w == "k8s-h100")
+    wait_until(LONG, "the Kubernetes backend to register", || {
+        let o = cluster.iris(&["rpc", "controller", "list-backends"]);
+        o.code == 0 && o.stdout.contains("k8s-cpu") && o.stdout.contains("k8s-h100")
     });
     Env {
         cluster,
@@ -170,8 +170,10 @@ fn pods_kueue_and_lifecycle() {
     assert_eq!(h100["kind"], "kubernetes", "{v}");
     assert_eq!(h100["availability"]["total_amounts"]["h100"], "16", "{v}");
     assert_eq!(h100["detail"]["kubernetes"]["total_nodes"], 3, "{v}");
+    // No synthetic workers: ListWorkers lists none (the backend has no worker rows).
+    assert!(c.listed_workers().is_empty(), "{:?}", c.listed_workers());
     // The dashboard's Backends page shows the Kubernetes backends and nodes, and the Workers
-    // page leaves the pseudo workers out.
+    // page has no Kubernetes entry.
     let dash = c.dashboard_url();
     let (_, _, page) = http_get(&dash, "/backends", None);
     assert!(

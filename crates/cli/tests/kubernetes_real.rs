@@ -55,8 +55,13 @@ impl RealEnv {
 
     /// The controller config pointing the Kubernetes backend at this cluster.
     fn config(&self) -> String {
+        self.config_reaching("http://127.0.0.1:9")
+    }
+
+    /// The cluster config, with pods reaching the controller at `controller`.
+    fn config_reaching(&self, controller: &str) -> String {
         format!(
-            "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: http://127.0.0.1:9\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  h100:\n    num_vms: 4\n    resources: {{cpu: 128, ram: 2000GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
+            "name: k8s\nkubernetes_provider:\n  namespace: {NS}\n  kubeconfig: {}\n  controller_address: {controller}\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  h100:\n    num_vms: 4\n    resources: {{cpu: 128, ram: 2000GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
             self.run_dir.join("kubeconfig").display()
         )
     }
@@ -157,8 +162,14 @@ fn start_env_with(vars: &[(&str, &str)], mode: AgentMode) -> RealEnv {
 #[test]
 fn cpu_job_through_real_kueue_and_scheduler() {
     let env = start_env();
-    let yaml = env.config();
-    let cluster = TestCluster::start_with_args(&[], Some(&yaml), &[]);
+    // Pods reach this controller (the process kubelet runs them on this host): the init
+    // container fetches bundles from it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let yaml = env.config_reaching(&format!("http://127.0.0.1:{port}"));
+    let cluster = TestCluster::start_bound(&format!("127.0.0.1:{port}"), &[], Some(&yaml), &[]);
     let job = run(
         &cluster,
         "cpu",
@@ -224,6 +235,53 @@ fn cpu_job_through_real_kueue_and_scheduler() {
             .contains("secret-delivered")
             .then_some(())
     });
+    // A bundled job: the pod's `stage-workdir` init container (our staging script, run with the
+    // image's Python) fetches the bundle from the controller and unpacks it into /app before
+    // the task starts; the setup steps run, the `uv sync` one skipped for want of a
+    // pyproject.toml.
+    let ws = env.dir.path().join("workspace");
+    std::fs::create_dir_all(ws.join("pkg")).expect("workspace");
+    std::fs::write(ws.join("pkg/data.txt"), "bundle-staged-by-init\n").expect("bundle file");
+    let o = common::iris_in(
+        &ws,
+        &[],
+        &[
+            "--controller-url",
+            &cluster.url,
+            "job",
+            "run",
+            "--no-wait",
+            "--job-name",
+            "bundled",
+            "--",
+            "sh",
+            "-c",
+            "cat pkg/data.txt",
+        ],
+    );
+    let bundled = o
+        .ok()
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let summary = finish(&cluster, &bundled);
+    assert_eq!(
+        summary["state"],
+        "succeeded",
+        "{summary}\nagent logs: {}\npods: {}",
+        logs_under(&env.dir.path().join("node-agent")),
+        env.kubectl(&["-n", NS, "get", "pods", "-o", "yaml"])
+    );
+    let out = wait_for(LONG, "the bundled job's output", || {
+        let o = cluster.iris(&["job", "logs", &bundled]);
+        o.stdout
+            .contains("bundle-staged-by-init")
+            .then_some(o.stdout)
+    });
+    assert!(out.contains("skipped: no pyproject.toml"), "{out}");
     // Cancel deletes the pod: the real API server marks it, the agent kills the process and
     // confirms the deletion, Kueue drops its finalizer.
     let long = run(
@@ -279,7 +337,12 @@ fn cpu_job_through_real_kueue_and_scheduler() {
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
         out.contains("long-job-started").then_some(out)
     });
-    assert_eq!(logs.trim(), "long-job-started");
+    // The container's own output: the setup banners, then the command's line.
+    assert_eq!(
+        logs.trim().lines().last(),
+        Some("long-job-started"),
+        "{logs}"
+    );
     cluster.iris(&["job", "cancel", &long]).ok();
     wait_for(LONG, "the cancelled job's pod to be deleted", || {
         let pods = env.kubectl(&["-n", NS, "get", "pods", "-o", "name"]);
@@ -501,6 +564,41 @@ fn quota_hold_and_preemption_through_real_kueue() {
     wait_for(LONG, "the BATCH gang to run", || {
         (cluster.summary(&batch)["state"] == "running").then_some(())
     });
+    // No synthetic workers: the Kubernetes backend places work without worker rows, and
+    // list-backends shows the cluster's view (nodes, free/total GPUs, held by band).
+    let workers = cluster.iris(&["rpc", "controller", "list-workers"]);
+    let workers: serde_json::Value = serde_json::from_str(workers.ok()).expect("list-workers json");
+    assert!(
+        workers["workers"].as_array().is_none_or(|w| w.is_empty()),
+        "ListWorkers lists no worker on a Kubernetes cluster: {workers}"
+    );
+    let nodes = env.kubectl(&["get", "nodes", "-o", "name"]).lines().count();
+    let h100 = wait_for(LONG, "the BATCH gang's GPUs held in list-backends", || {
+        let o = cluster.iris(&["rpc", "controller", "list-backends"]);
+        let v: serde_json::Value = serde_json::from_str(o.ok()).ok()?;
+        let b = v["backends"]
+            .as_array()?
+            .iter()
+            .find(|b| b["backend_id"] == "k8s-h100")?
+            .clone();
+        let held = b["availability"]["held_by_band"]
+            .as_array()?
+            .iter()
+            .any(|h| {
+                h["band"].as_str().is_some_and(|s| s.contains("BATCH"))
+                    && h["amounts"]["h100"] == "16"
+            });
+        held.then_some(b)
+    });
+    let amount = |k: &str| -> i64 {
+        h100["availability"][k]["h100"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(-1)
+    };
+    assert!(amount("total_amounts") >= 16, "{h100}");
+    assert_eq!(amount("amounts"), amount("total_amounts") - 16, "{h100}");
+    assert_eq!(h100["detail"]["kubernetes"]["total_nodes"], nodes, "{h100}");
     // A gang's Workload is admitted at its band's coscheduled tier.
     let member = pod_of(&env, &cluster, &format!("{batch}/0"));
     assert_eq!(
@@ -874,6 +972,9 @@ fn bench_pods_and_attempts_through_the_real_api_server() {
                 timeout_seconds: None,
                 task_image: None,
                 secrets: Default::default(),
+                bundle_id: String::new(),
+                workdir_files: Default::default(),
+                workdir_file_refs: Default::default(),
             };
             km::manifest::build_pod(&input, &provider).expect("manifest")
         })

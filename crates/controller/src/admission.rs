@@ -573,7 +573,7 @@ impl Controller {
         &self,
         conn: &impl iris_store::Read,
     ) -> Result<Vec<iris_scheduler::Worker>> {
-        let mut workers = crate::tick::load_workers(conn)?;
+        let mut workers = self.placement_targets(conn)?;
         for g in &self.cfg.groups {
             for i in 0..g.max_workers.max(1) {
                 workers.push(g.worker(format!("{}#{i}", g.name)));

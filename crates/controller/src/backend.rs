@@ -3,9 +3,10 @@
 //!
 //! The trait and its data live in `iris-backend`; implementations live in their own crates and
 //! are handed in with [`Controller::add_backend`]. This module turns a backend's
-//! [`Registration`] into a worker row, its [`Observation`]s into the store's, its [`Summary`]
-//! into the wire `BackendSummary`, its errors into RPC errors, and a desired set into the wire
-//! `DesiredAttempt`s a worker daemon receives.
+//! [`Registration`] into a placement target the scheduler sees (kept in memory: a backend has no
+//! worker row, and `ListWorkers` lists worker daemons only), its [`Observation`]s into the
+//! store's, its [`Summary`] into the wire `BackendSummary`, its errors into RPC errors, and a
+//! desired set into the wire `DesiredAttempt`s a worker daemon receives.
 
 use crate::{lock, Controller};
 use iris_backend::{
@@ -18,20 +19,10 @@ use iris_rpc::{Code, RpcError};
 use iris_store::apply;
 use std::sync::Arc;
 
-/// The address a backend's pseudo worker row carries: never dialled.
-pub(crate) fn address_of(id: &str) -> String {
-    format!("inproc://{id}")
-}
-
-/// Whether a worker address is a backend's pseudo worker (pooled: Kueue places its work).
-pub(crate) fn is_inproc_address(address: &str) -> bool {
-    address.starts_with("inproc://")
-}
-
 impl Controller {
     /// Registers an in-process backend and starts reconciling it.
     pub async fn add_backend(&self, b: Arc<dyn Backend>) -> Result<(), RpcError> {
-        let id = b.worker_id();
+        let id = b.backend_id();
         lock(&self.backends).insert(id.clone(), b.clone());
         self.register_backend(&b).await.map_err(|e| e.to_wire())?;
         crate::reconcile::ensure_reconciler(self, &id);
@@ -39,10 +30,19 @@ impl Controller {
         Ok(())
     }
 
+    /// Asks a backend for its registration and keeps it as the backend's placement target
+    /// (in memory only: nothing about a backend's capacity needs to survive a restart, since a
+    /// restarted controller asks again before it places anything there).
     pub(crate) async fn register_backend(&self, b: &Arc<dyn Backend>) -> crate::error::Result<()> {
         let reg = b.registration().await.map_err(rpc_error)?;
-        let (req, md) = register_request(b.worker_id(), reg);
-        crate::reconcile::upsert_worker(self, &req, &md)
+        let target = target_of(b.backend_id(), reg);
+        lock(&self.backend_targets).insert(target.id.clone(), target);
+        Ok(())
+    }
+
+    /// Every registered backend as the scheduler sees it: a pool that places work itself.
+    pub(crate) fn backend_targets(&self) -> Vec<iris_scheduler::Worker> {
+        lock(&self.backend_targets).values().cloned().collect()
     }
 
     pub(crate) fn backend(&self, worker_id: &str) -> Option<Arc<dyn Backend>> {
@@ -73,8 +73,24 @@ pub(crate) fn rpc_error(e: iris_backend::Error) -> RpcError {
     RpcError::new(code, error_text(&e))
 }
 
-/// A registration as the worker upsert takes it: the request (with the pseudo worker's id and
-/// never-dialled address) and its metadata.
+/// A backend's placement target: its registration read exactly as a worker's would be (the
+/// same default attributes: `device-type`, `device-variant`, `preemptible`, `scale-group`),
+/// marked pooled, so the scheduler lets it take whole gangs and leaves nodes to the backend.
+fn target_of(id: String, reg: Registration) -> iris_scheduler::Worker {
+    let (req, md) = register_request(id, reg);
+    let r = crate::reconcile::registration_of(&req, &md);
+    iris_scheduler::Worker {
+        id: r.worker_id,
+        total: r.total,
+        attributes: r.attributes.into_iter().collect(),
+        healthy: true,
+        device_variant: iris_store::workers::scheduler_variant(&r.device_variant),
+        pooled: true,
+    }
+}
+
+/// A registration as a worker daemon would send it: the request (with the backend's id and no
+/// address) and its metadata.
 fn register_request(
     worker_id: String,
     reg: Registration,
@@ -107,7 +123,7 @@ fn register_request(
         ..Default::default()
     };
     let req = c::RegisterRequest {
-        address: address_of(&worker_id),
+        address: String::new(),
         worker_id,
         slice_id: String::new(),
         scale_group: reg.scale_group,
@@ -154,7 +170,7 @@ pub(crate) fn desired_to_wire(d: DesiredAttempt) -> w::DesiredAttempt {
 /// A backend's `ListBackends` entry.
 pub(crate) async fn summary(b: &dyn Backend) -> Result<c::BackendSummary, RpcError> {
     let s = b.summary().await.map_err(rpc_error)?;
-    Ok(summary_to_wire(b.worker_id(), s))
+    Ok(summary_to_wire(b.backend_id(), s))
 }
 
 fn summary_to_wire(id: String, s: iris_backend::Summary) -> c::BackendSummary {
@@ -263,7 +279,7 @@ mod tests {
         };
         let (req, md) = register_request("k8s-h100".into(), reg);
         assert_eq!(req.worker_id, "k8s-h100");
-        assert_eq!(req.address, "inproc://k8s-h100");
+        assert_eq!(req.address, "");
         assert_eq!(req.scale_group, "kubernetes");
         assert_eq!(req.metadata.as_ref(), Some(&md));
         assert_eq!(md.cpu_count, Some(1_000_000));
@@ -279,6 +295,36 @@ mod tests {
             md.attributes.get("backend"),
             Some(&crate::spec::attr_to_proto(&AttrValue::from("kubernetes")))
         );
+    }
+
+    #[test]
+    fn a_backend_is_a_pooled_target_with_the_attributes_every_worker_has() {
+        let reg = Registration {
+            hostname: "kubernetes/iris".into(),
+            capacity: Resources {
+                cpu_millicores: 64_000,
+                memory_bytes: 1 << 40,
+                disk_bytes: 1 << 40,
+                gpu: 1_000_000,
+                tpu: 0,
+            },
+            device: Device::Gpu {
+                variant: "H100".into(),
+            },
+            attributes: BTreeMap::new(),
+            scale_group: "kubernetes".into(),
+        };
+        let t = target_of("k8s-h100".into(), reg);
+        assert_eq!(t.id, "k8s-h100");
+        assert!(t.pooled && t.healthy);
+        assert_eq!(t.device_variant, "h100");
+        assert_eq!(t.total.gpu, 1_000_000);
+        assert_eq!(t.total.cpu_millicores, 64_000);
+        let attr = |k: &str| t.attributes.get(k).cloned();
+        assert_eq!(attr("device-type"), Some(AttrValue::from("gpu")));
+        assert_eq!(attr("device-variant"), Some(AttrValue::from("h100")));
+        assert_eq!(attr("preemptible"), Some(AttrValue::from("false")));
+        assert_eq!(attr("scale-group"), Some(AttrValue::from("kubernetes")));
     }
 
     #[test]

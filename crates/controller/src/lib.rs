@@ -42,7 +42,7 @@ use iris_store::logs::LogDb;
 use iris_store::query::ReadOnlyDb;
 use iris_store::Db;
 use spec::JobSpec;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
@@ -85,8 +85,10 @@ pub struct Controller {
     /// Verifies federation parents' tokens (`auth.federation_peers`).
     fed_verifier: Option<iris_auth::Verifier>,
     fed: federation::Federation,
-    /// In-process backends (Kubernetes) by pseudo worker id.
+    /// In-process backends (Kubernetes) by backend id.
     backends: Mutex<HashMap<String, Arc<dyn iris_backend::Backend>>>,
+    /// Each backend's latest registration as a placement target (a backend has no worker row).
+    backend_targets: Mutex<BTreeMap<String, iris_scheduler::Worker>>,
     /// The tick's snapshot reader (WAL: reads never block the writer).
     snap: Mutex<Db>,
     wake: Notify,
@@ -213,6 +215,7 @@ impl Controller {
             fed_verifier,
             fed,
             backends: Mutex::new(HashMap::new()),
+            backend_targets: Mutex::new(BTreeMap::new()),
             snap: Mutex::new(snap),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),

@@ -1,4 +1,5 @@
-//! Per-worker reconcile loops: send the complete desired set, apply the observations.
+//! Reconcile loops, one per worker daemon and one per in-process backend: send the complete
+//! desired set, apply the observations.
 //!
 //! Reconcile is the only controller→worker channel and the worker's keep-alive. A worker that
 //! fails ≥3 reconciles in a row and has not answered for `worker_grace` is declared failed: its
@@ -147,9 +148,13 @@ fn stop_reason(attempt: TaskState) -> StopReason {
     }
 }
 
-/// Builds the desired set for a worker from committed state.
-fn desired_set(ctl: &Controller, conn: &impl Read, worker_id: &str) -> Result<Vec<DesiredAttempt>> {
-    let rows = iris_store::workers::open_attempts(conn, worker_id)?;
+/// Builds a desired set from committed state: `rows` are the open attempts of one worker or
+/// one in-process backend.
+fn desired_set(
+    ctl: &Controller,
+    conn: &impl Read,
+    rows: Vec<iris_store::workers::DesiredRow>,
+) -> Result<Vec<DesiredAttempt>> {
     let victim_pending = rows.iter().any(|r| r.attempt_state == TaskState::Preempted);
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
@@ -245,6 +250,24 @@ async fn reconcile_loop(
         if current != Some(generation) {
             return;
         }
+        if let Some(b) = ctl.backend(&worker_id) {
+            // An in-process backend: same contract, no network hop, no worker row.
+            let desired = {
+                let conn = lock(&ctl.reconcile_reader);
+                (|| -> Result<Vec<DesiredAttempt>> {
+                    let tx = conn.begin_read()?;
+                    let rows = iris_store::workers::open_backend_attempts(&tx, &worker_id)?;
+                    desired_set(&ctl, &tx, rows)
+                })()
+            };
+            match desired {
+                Ok(desired) => backend_round(&ctl, &b, &worker_id, desired, &mut failures).await,
+                Err(e) => {
+                    tracing::error!(backend = %worker_id, error = %e, "building the desired set")
+                }
+            }
+            continue;
+        }
         // Read on the reconcile reader, not the writer's connection: thousands of loops do this
         // each round, and none of them should wait for (or hold up) a commit. The read is a few
         // indexed lookups, done in place (handing thousands of them per second to the blocking
@@ -255,7 +278,10 @@ async fn reconcile_loop(
                 let tx = conn.begin_read()?;
                 match iris_store::workers::address(&tx, &worker_id)? {
                     None => Ok(None),
-                    Some(a) => desired_set(&ctl, &tx, &worker_id).map(|d| Some((a, d))),
+                    Some(a) => {
+                        let rows = iris_store::workers::open_attempts(&tx, &worker_id)?;
+                        desired_set(&ctl, &tx, rows).map(|d| Some((a, d)))
+                    }
                 }
             })()
         };
@@ -272,40 +298,6 @@ async fn reconcile_loop(
                 continue;
             }
         };
-        if let Some(b) = ctl.backend(&worker_id) {
-            // An in-process backend: same contract, no network hop.
-            match b.reconcile(desired).await {
-                Ok(report) => {
-                    failures = 0;
-                    last_ok = Instant::now();
-                    let observed = report.observed.into_iter();
-                    let changed = ctl
-                        .observe(
-                            &worker_id,
-                            observed.map(crate::backend::store_observation).collect(),
-                        )
-                        .await
-                        .unwrap_or(false);
-                    apply_backend_extras(&ctl, &report.events, &report.logs);
-                    if changed {
-                        ctl.wake();
-                    }
-                    // Capacity follows the cluster (nodes come and go).
-                    if let Err(e) = ctl.register_backend(&b).await {
-                        tracing::warn!(backend = %worker_id, error = %e, "refreshing backend capacity");
-                    }
-                }
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(backend = %worker_id, failures, error = %crate::backend::error_text(&e), "backend reconcile failed");
-                }
-            }
-            continue;
-        }
-        if crate::backend::is_inproc_address(&addr) {
-            // An in-process backend not (yet) registered in this process: nothing to dial.
-            continue;
-        }
         let url = if addr.starts_with("http") {
             addr.clone()
         } else {
@@ -371,6 +363,42 @@ async fn reconcile_loop(
                     return;
                 }
             }
+        }
+    }
+}
+
+/// One round of an in-process backend: hand it the desired set, store what it observed (with
+/// its events and log lines), and refresh its placement target (capacity follows the cluster).
+/// A failed round is logged and retried next round; a backend is never declared failed.
+async fn backend_round(
+    ctl: &Controller,
+    b: &Arc<dyn iris_backend::Backend>,
+    id: &str,
+    desired: Vec<DesiredAttempt>,
+    failures: &mut u32,
+) {
+    match b.reconcile(desired).await {
+        Ok(report) => {
+            *failures = 0;
+            let observed = report.observed.into_iter();
+            let changed = ctl
+                .observe(
+                    id,
+                    observed.map(crate::backend::store_observation).collect(),
+                )
+                .await
+                .unwrap_or(false);
+            apply_backend_extras(ctl, &report.events, &report.logs);
+            if changed {
+                ctl.wake();
+            }
+            if let Err(e) = ctl.register_backend(b).await {
+                tracing::warn!(backend = %id, error = %e, "refreshing backend capacity");
+            }
+        }
+        Err(e) => {
+            *failures += 1;
+            tracing::warn!(backend = %id, failures = *failures, error = %crate::backend::error_text(&e), "backend reconcile failed");
         }
     }
 }

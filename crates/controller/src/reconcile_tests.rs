@@ -110,7 +110,8 @@ fn registration_of_a_cpu_worker_is_variant_cpu_without_a_scale_group() {
 
 fn desired(ctl: &crate::Controller, worker: &str) -> Vec<DesiredAttempt> {
     let conn = ctl.db();
-    desired_set(ctl, &*conn, worker).expect("desired set")
+    let rows = iris_store::workers::open_attempts(&*conn, worker).expect("open attempts");
+    desired_set(ctl, &*conn, rows).expect("desired set")
 }
 
 fn intent_of<'a>(set: &'a [DesiredAttempt], task: &str) -> Option<&'a Intent> {

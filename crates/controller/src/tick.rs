@@ -66,23 +66,38 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
     }
 }
 
-/// Every worker as the scheduler sees it (capacity, attributes, health).
+/// Every worker daemon as the scheduler sees it (capacity, attributes, health).
 /// Availability markers (`availability:<variant>`) are added per region (see
 /// [`iris_scheduler::enrich_with_availability`]).
 pub(crate) fn load_workers(conn: &impl Read) -> Result<Vec<Worker>> {
-    let mut workers: Vec<Worker> = iris_store::workers::capacities(conn)?
+    let mut workers = worker_rows(conn)?;
+    iris_scheduler::enrich_with_availability(&mut workers);
+    Ok(workers)
+}
+
+fn worker_rows(conn: &impl Read) -> Result<Vec<Worker>> {
+    Ok(iris_store::workers::capacities(conn)?
         .into_iter()
         .map(|w| Worker {
-            pooled: crate::backend::is_inproc_address(&w.address),
+            pooled: false,
             id: w.worker_id,
             total: w.total,
             attributes: w.attributes,
             healthy: w.healthy,
             device_variant: w.device_variant,
         })
-        .collect();
-    iris_scheduler::enrich_with_availability(&mut workers);
-    Ok(workers)
+        .collect())
+}
+
+impl Controller {
+    /// Everything work may be placed on: the worker daemons and, as pooled targets, the
+    /// in-process backends (which have no worker rows).
+    pub(crate) fn placement_targets(&self, conn: &impl Read) -> Result<Vec<Worker>> {
+        let mut targets = worker_rows(conn)?;
+        targets.extend(self.backend_targets());
+        iris_scheduler::enrich_with_availability(&mut targets);
+        Ok(targets)
+    }
 }
 
 pub(crate) fn new_uid() -> String {
@@ -96,13 +111,13 @@ pub(crate) fn new_uid() -> String {
 /// (budgets, §4.7) and each user's spend. The control tick plans over it and `ExplainTask`
 /// explains over it, so an explanation and a placement start from the same picture.
 pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read) -> Result<Snapshot> {
-    let mut workers = load_workers(tx)?;
+    let mut workers = ctl.placement_targets(tx)?;
     {
         // A worker of a previous run that has not come back gets nothing until it does.
         let confirmed = lock(&ctl.confirmed);
         // Nor does a worker of a slice being stopped.
         let draining = ctl.draining();
-        for w in &mut workers {
+        for w in workers.iter_mut().filter(|w| !w.pooled) {
             w.healthy &= confirmed.contains(&w.id) && !draining.contains(&w.id);
         }
     }
@@ -253,8 +268,15 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             .filter(|a| !draining.contains(&a.worker))
         {
             let band = bands.get(&a.task).copied().unwrap_or(Band::Interactive);
-            let addr = addresses.get(&a.worker).cloned().unwrap_or_default();
-            if apply::assign_task(&tx, &a.task, &a.worker, &addr, &new_uid(), band.code(), now)? {
+            let holder = match addresses.get(&a.worker) {
+                Some(address) => apply::Holder::Worker {
+                    id: &a.worker,
+                    address,
+                },
+                // Not a worker row: an in-process backend.
+                None => apply::Holder::Backend(&a.worker),
+            };
+            if apply::assign(&tx, &a.task, holder, &new_uid(), band.code(), now)? {
                 touched.insert(a.worker.clone());
             }
         }

@@ -141,14 +141,6 @@ impl Api {
         self.ctl("ListBackends", &c::ListBackendsRequest {}).await
     }
 
-    /// Worker daemons only: the pseudo workers of in-process backends (Kubernetes, addresses
-    /// `inproc://…`) have unbounded nominal capacity and are shown as backends instead.
-    pub async fn list_worker_daemons(&self) -> Result<c::ListWorkersResponse, RpcError> {
-        let mut r = self.list_workers().await?;
-        r.workers.retain(|w| !w.address().starts_with("inproc://"));
-        Ok(r)
-    }
-
     pub async fn list_workers(&self) -> Result<c::ListWorkersResponse, RpcError> {
         self.ctl("ListWorkers", &c::ListWorkersRequest::default())
             .await

@@ -510,7 +510,7 @@ async fn open_holds(api: &Api) -> Result<Vec<model::Hold>, RpcError> {
 }
 
 async fn workers(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
-    let (ws, holds) = tokio::join!(api.list_worker_daemons(), open_holds(&api));
+    let (ws, holds) = tokio::join!(api.list_workers(), open_holds(&api));
     let committed = model::committed(&holds.unwrap_or_default());
     let (status, ws) = match &ws {
         Ok(w) => (StatusCode::OK, Ok(w)),
@@ -524,11 +524,7 @@ async fn workers(Extension(api): Extension<Api>, headers: HeaderMap) -> Response
 }
 
 async fn backends(Extension(api): Extension<Api>, headers: HeaderMap) -> Response {
-    let (ws, holds, bs) = tokio::join!(
-        api.list_worker_daemons(),
-        open_holds(&api),
-        api.list_backends()
-    );
+    let (ws, holds, bs) = tokio::join!(api.list_workers(), open_holds(&api), api.list_backends());
     let r = match (ws, holds) {
         (Ok(w), Ok(h)) => Ok(model::variants(&w.workers, &h)),
         (Err(e), _) | (_, Err(e)) => Err(e),

@@ -1,6 +1,6 @@
 //! Pod throughput of the Kubernetes backend against the test kit's fake API server, in-process.
 //!
-//! One `KubeBackend` (the `k8s-cpu` pseudo worker) is connected to an `iris_kube_testkit` server.
+//! One `KubeBackend` (the `k8s-cpu` lane) is connected to an `iris_kube_testkit` server.
 //! For a warm-up set and then N attempts (default 1,000) of `true` it measures:
 //!
 //! 1. apply: one `reconcile` with N new Run attempts, until it returns. Every single-task CPU
@@ -316,7 +316,7 @@ async fn last_exit_after(
     t0_epoch_ms: i64,
 ) -> anyhow::Result<Duration> {
     let list = pods
-        .list(&ListParams::default().labels(&format!("{LABEL_BACKEND}={}", backend.worker_id())))
+        .list(&ListParams::default().labels(&format!("{LABEL_BACKEND}={}", backend.backend_id())))
         .await?;
     let last = list
         .items
@@ -446,7 +446,7 @@ async fn through_backend(
     let delete_requests = request_counts(server);
     wait_pods_gone(
         &env.pods(),
-        &format!("{LABEL_BACKEND}={}", backend.worker_id()),
+        &format!("{LABEL_BACKEND}={}", backend.backend_id()),
     )
     .await?;
     let delete_gone = t.elapsed();
@@ -528,7 +528,7 @@ fn print_figures(f: &Figures) {
     println!("      requests: {}", f.delete_requests);
 }
 
-/// The backend's manifests for `reqs`, labelled for no pseudo worker.
+/// The backend's manifests for `reqs`, labelled for no lane.
 fn raw_manifests(
     provider: &km::ProviderConfig,
     reqs: &[job::RunTaskRequest],
@@ -569,6 +569,9 @@ fn raw_manifests(
                 timeout_seconds: None,
                 task_image: None,
                 secrets: Default::default(),
+                bundle_id: String::new(),
+                workdir_files: Default::default(),
+                workdir_file_refs: Default::default(),
             };
             let mut pod = km::manifest::build_pod(&input, provider)?;
             pod.metadata

@@ -1,7 +1,7 @@
 //! Startup: the cluster client (kubeconfig or in-cluster), and [`connect`], which applies Iris's
 //! own cluster objects (Pod PriorityClasses, Kueue WorkloadPriorityClasses, the LocalQueue),
 //! checks the admin-owned Kueue objects (reported in [`Preflight`], never created), starts the
-//! Pod and Workload watches and builds one [`KubeBackend`] per pseudo worker.
+//! Pod and Workload watches and builds one [`KubeBackend`] per device lane (one per GPU variant, one for CPU work).
 
 use crate::pods::{disrupted, phase};
 use crate::{
@@ -10,7 +10,7 @@ use crate::{
 };
 use futures::StreamExt;
 use iris_kube_model as km;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Connects, reconciles the priority classes and the LocalQueue, checks the admin-owned Kueue
-/// objects, starts the watches, and returns one backend per pseudo worker.
+/// objects, starts the watches, and returns one backend per device lane.
 pub async fn connect(
     client: kube::Client,
     settings: KubeSettings,
@@ -33,6 +33,7 @@ pub async fn connect(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let wl_res = kueue_resource("Workload", "workloads");
     let workloads: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &wl_res);
     let pp = PatchParams::apply(FIELD_MANAGER).force();
@@ -170,6 +171,7 @@ pub async fn connect(
         pods,
         pdbs,
         secrets,
+        config_maps,
         workloads,
         pod_store,
         workload_store,

@@ -2,8 +2,9 @@
 //! one Pod per task attempt, Kueue admits it (gangs whole, by priority tier) and Kubernetes
 //! places it.
 //!
-//! It implements [`iris_backend::Backend`]: registered as one pseudo worker per
-//! device variant whose capacity is effectively unbounded (placement and preemption belong to
+//! It implements [`iris_backend::Backend`] once per device lane (one per GPU variant, one for
+//! CPU work; no worker rows): each lane registers a placement target whose capacity is
+//! effectively unbounded (placement and preemption belong to
 //! Kueue, so the controller's scheduler only turns pending tasks into attempts), it receives the
 //! desired set of attempts each round and
 //! * applies the Pod (server-side apply, deterministic name from task, attempt and uid, so a
@@ -37,14 +38,14 @@ use futures::future::BoxFuture;
 use iris_backend::{Backend, DesiredAttempt, Error, Registration, Report, Summary};
 use iris_kube_model as km;
 use iris_proto::job;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::Store;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-/// The label scoping pods to one pseudo worker (so two backends never collect each other's).
+/// The label scoping pods to one device lane (so two backends never collect each other's).
 pub const LABEL_BACKEND: &str = "iris.backend";
 const FIELD_MANAGER: &str = "iris-controller";
 /// A running pod's log is read at most this often; a finished pod's once, at the end.
@@ -62,7 +63,7 @@ pub struct KubeSettings {
     pub provider: km::ProviderConfig,
     /// `kubernetes_provider.kueue.cluster_queue` (required).
     pub cluster_queue: String,
-    /// GPU variants the cluster's scale groups offer (`H100`, `GB200`); one pseudo worker each,
+    /// GPU variants the cluster's scale groups offer (`H100`, `GB200`); one lane each,
     /// plus one for CPU work.
     pub gpu_variants: Vec<String>,
     /// Scale group names, for `ListBackends`.
@@ -77,7 +78,7 @@ pub struct Preflight {
     pub missing: Vec<String>,
 }
 
-/// Connection and watch state shared by the backend's pseudo workers.
+/// Connection and watch state shared by the backend's device lanes.
 struct Core {
     client: kube::Client,
     settings: KubeSettings,
@@ -85,6 +86,8 @@ struct Core {
     pdbs: Api<PodDisruptionBudget>,
     /// Per-pod Secrets holding a job's secrets (owned by their pod).
     secrets: Api<Secret>,
+    /// Per-pod ConfigMaps holding a job's workdir files (owned by their pod).
+    config_maps: Api<ConfigMap>,
     workloads: Api<DynamicObject>,
     pod_store: Store<Pod>,
     workload_store: Store<DynamicObject>,
@@ -121,13 +124,13 @@ fn unavailable(what: &str, e: kube::Error) -> Error {
     Error::transient(format!("kubernetes: {what}")).caused_by(e)
 }
 
-/// One pseudo worker of the Kubernetes backend.
+/// One device lane of the Kubernetes backend.
 pub struct KubeBackend {
     core: Arc<Core>,
-    /// This pseudo worker's own bookkeeping (its pods carry its `iris.backend` label).
+    /// This lane's own bookkeeping (its pods carry its `iris.backend` label).
     state: Mutex<State>,
     id: String,
-    /// `None`: the CPU pseudo worker.
+    /// `None`: the CPU lane.
     variant: Option<String>,
 }
 
@@ -139,7 +142,7 @@ fn now_ms() -> i64 {
 }
 
 impl Backend for KubeBackend {
-    fn worker_id(&self) -> String {
+    fn backend_id(&self) -> String {
         self.id.clone()
     }
 

@@ -4,7 +4,9 @@
 //!
 //! Left out of the comparison, on purpose (see `iris_kube_model::manifest`): the published
 //! log-shipper sidecar and its `varlogpods` volume (we read logs through the API), the command
-//! script's body (ours runs the same steps without the published uv wrapper), and what we add:
+//! script's body (ours runs the same steps without the published uv wrapper), the
+//! `stage-workdir` init container's script (ours is our own; its name, image, environment and
+//! mounts are compared), and what we add:
 //! the `IRIS_JOB_ID` variable and the `iris.gpu_variant` label (`kubectl get pods -l
 //! iris.gpu_variant=H100`).
 //!
@@ -26,11 +28,12 @@ const EXTRA_LABELS: [&str; 1] = [km::manifest::LABEL_GPU_VARIANT];
 const SIDECAR_VOLUMES: [&str; 1] = ["varlogpods"];
 const SIDECAR_INIT: [&str; 1] = ["log-shipper"];
 /// Environment values that are JSON documents: compared parsed (the reference pretty-prints).
-const JSON_ENV: [&str; 4] = [
+const JSON_ENV: [&str; 5] = [
     "IRIS_TASK_RESOURCES",
     "IRIS_JOB_CONSTRAINTS",
     "IRIS_JOB_ENV",
     "IRIS_JOB_SETUP_SCRIPTS",
+    "IRIS_WORKDIR_BLOB_REFS",
 ];
 
 fn repo_root() -> PathBuf {
@@ -153,10 +156,21 @@ fn differences(theirs: &Value, ours: &Value) -> Vec<String> {
         &json!(by_name(&ts["volumes"], &SIDECAR_VOLUMES)),
         &json!(by_name(&os["volumes"], &[])),
     );
+    // The staging script is ours (`python -c <script>`): compared up to the script itself.
+    let without_script = |list: &Value, skip: &[&str]| -> Value {
+        let mut m = by_name(list, skip);
+        for c in m.values_mut() {
+            if let Some(cmd) = c["command"].as_array_mut() {
+                cmd.truncate(2);
+            }
+            c["env"] = json!(env_map(c));
+        }
+        json!(m)
+    };
     same(
         "spec.initContainers",
-        &json!(by_name(&ts["initContainers"], &SIDECAR_INIT)),
-        &json!(by_name(&os["initContainers"], &[])),
+        &without_script(&ts["initContainers"], &SIDECAR_INIT),
+        &without_script(&os["initContainers"], &[]),
     );
     let names = |s: &Value| -> Vec<Value> {
         s["containers"]

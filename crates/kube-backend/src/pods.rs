@@ -1,4 +1,4 @@
-//! The Pods of one pseudo worker: listing its pods, applying an attempt's Pod (and, for a
+//! The Pods of one device lane: listing its pods, applying an attempt's Pod (and, for a
 //! coordinator, its PodDisruptionBudget) built from the run request by the pure manifest code,
 //! deleting a pod (a gang's with its Workload), and reading what a pod says about itself (phase,
 //! disruption, attempt uid).
@@ -66,6 +66,19 @@ impl KubeBackend {
                 .patch(&secret_name, &pp, &Patch::Apply(&secret))
                 .await
                 .map_err(|e| ApplyError::Api(format!("creating the job's secrets: {e}")))?;
+        }
+        // The job's workdir files, likewise owned by the pod; its `stage-workdir` init
+        // container waits for them.
+        if let Some(cm) = km::manifest::build_workdir_config_map(
+            &input,
+            &core.settings.provider,
+            applied.metadata.uid.as_deref(),
+        ) {
+            let cm_name = cm.metadata.name.clone().unwrap_or_default();
+            core.config_maps
+                .patch(&cm_name, &pp, &Patch::Apply(&cm))
+                .await
+                .map_err(|e| ApplyError::Api(format!("creating the job's workdir files: {e}")))?;
         }
         Ok(name)
     }
@@ -160,13 +173,7 @@ pub(crate) fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::
         ..Default::default()
     };
     let system_env = iris_backend::task_env::iris_environment(req, &pod_side);
-    let mut setup = Vec::new();
-    if !req.bundle_id.is_empty() {
-        setup.push(format!(
-            "curl -fsS \"$IRIS_CONTROLLER_URL/bundles/{}.zip\" -o /tmp/iris-bundle.zip && unzip -q -o /tmp/iris-bundle.zip -d .",
-            req.bundle_id
-        ));
-    }
+    let entrypoint = req.entrypoint.clone().unwrap_or_default();
     let constraints = req
         .constraints
         .iter()
@@ -196,13 +203,12 @@ pub(crate) fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::
         num_tasks: req.num_tasks.max(1) as u32,
         task_index: index,
         band: iris_types::Band::from_code(req.priority).unwrap_or(iris_types::Band::Interactive),
-        argv: req
-            .entrypoint
+        argv: entrypoint
+            .run_command
             .as_ref()
-            .and_then(|e| e.run_command.as_ref())
             .map(|r| r.argv.clone())
             .unwrap_or_default(),
-        setup_commands: setup,
+        setup_commands: entrypoint.setup_commands.clone(),
         env,
         system_env,
         cpu_millicores: res.cpu_millicores.max(0) as u64,
@@ -228,5 +234,8 @@ pub(crate) fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::
             .as_ref()
             .map(|e| e.secrets.clone().into_iter().collect())
             .unwrap_or_default(),
+        bundle_id: req.bundle_id.clone(),
+        workdir_files: entrypoint.workdir_files.into_iter().collect(),
+        workdir_file_refs: entrypoint.workdir_file_refs.into_iter().collect(),
     }
 }

@@ -1,4 +1,4 @@
-//! What a pseudo worker tells the controller about itself: its registration (effectively
+//! What a device lane tells the controller about itself: its registration (effectively
 //! unbounded capacity, since Kueue owns placement) and its summary for `ListBackends` (GPU
 //! availability by band, nodes, and its pods).
 
@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 impl KubeBackend {
     pub(crate) fn registration_now(&self) -> Registration {
-        // Kueue owns placement: the pseudo worker never runs out, so every pending task becomes an
+        // Kueue owns placement: the lane never runs out, so every pending task becomes an
         // attempt (a Pod) at once and waits, if it must, in Kueue's queue.
         let mut attributes: BTreeMap<String, AttrValue> = BTreeMap::new();
         for key in [

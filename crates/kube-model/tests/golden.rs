@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use iris_kube_model::manifest::{build_pdb, build_pod, NodeConstraint, PodInput, ProviderConfig};
+use iris_kube_model::manifest::{
+    build_pdb, build_pod, build_workdir_config_map, NodeConstraint, PodInput, ProviderConfig,
+};
 use iris_kube_model::priority::{local_queue, pod_priority_classes, workload_priority_classes};
 use iris_types::Band;
 
@@ -106,6 +108,9 @@ fn coordinator(band: Band) -> PodInput {
         timeout_seconds: Some(86_400),
         task_image: None,
         secrets: BTreeMap::new(),
+        bundle_id: String::new(),
+        workdir_files: BTreeMap::new(),
+        workdir_file_refs: BTreeMap::new(),
     }
 }
 
@@ -134,6 +139,14 @@ fn h100_standalone() -> PodInput {
         timeout_seconds: None,
         task_image: Some("ghcr.io/bob/eval:cuda12".into()),
         secrets: BTreeMap::from([("HF_TOKEN".into(), "hf_example".into())]),
+        // Staged by the init container: the bundle, a workdir file from the per-pod
+        // ConfigMap and one the controller holds as a blob.
+        bundle_id: "5f2c0e".into(),
+        workdir_files: BTreeMap::from([("_callable.pkl".into(), b"\x80\x05N.".to_vec())]),
+        workdir_file_refs: BTreeMap::from([(
+            "data/prompts.json".into(),
+            "9b74c9897bac770ffc029102a200c5de5e1ee0a8ec5ae3c4b1f3f05bd0ab0d6b".into(),
+        )]),
         ..coordinator(Band::Batch)
     }
 }
@@ -201,6 +214,9 @@ fn pod_docs(input: &PodInput, cfg: &ProviderConfig) -> Vec<String> {
     docs.push(to_yaml(
         &build_pod(input, cfg).expect("golden inputs are valid"),
     ));
+    if let Some(cm) = build_workdir_config_map(input, cfg, Some("pod-uid")) {
+        docs.push(to_yaml(&cm));
+    }
     docs
 }
 

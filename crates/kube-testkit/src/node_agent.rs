@@ -1,21 +1,23 @@
 //! A process kubelet for a *real* API server (`scripts/k8s-testenv.sh`): the nodes there are
 //! Node objects with no kubelet behind them, so this agent plays the kubelet for the pods that
 //! kube-scheduler binds to them. It polls the namespace's pods; a bound pod that has not started
-//! gets its containers run as local processes (each mounted path rewritten to a directory of its
-//! own), its status patched to Running and, once every container exits, to Succeeded or Failed;
+//! gets its init containers run one after another, then its containers, as local processes
+//! (each mounted path rewritten to a directory of its own; Secret and ConfigMap volumes written
+//! as files), its status patched to Running and, once every container exits, to Succeeded or
+//! Failed (a failed init container fails the pod, as `Init:Error`);
 //! a deleted pod has its processes killed and is then removed with grace 0, as a kubelet
 //! confirms a deletion. Container logs go to files in the agent's work dir, and, when the agent
 //! is given a [`KubeletEndpoint`], are served at the kubelet's `containerLogs` path, so the API
 //! server's `pods/log` (and `kubectl logs`) read them as they would from a kubelet.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -39,6 +41,27 @@ struct Run {
     images: HashMap<String, String>,
     ended: Arc<Mutex<HashMap<String, Ended>>>,
     reported_final: bool,
+}
+
+/// A pod whose init containers are running: one at a time, in order.
+struct Init {
+    root: PathBuf,
+    started_at: String,
+    /// The init container running now and its process group.
+    running: Option<(String, i32)>,
+    /// Index of the next init container to start.
+    next: usize,
+    ended: Arc<Mutex<HashMap<String, Ended>>>,
+}
+
+/// Where a pod's init containers stand after [`advance_init`].
+enum InitStep {
+    /// One is still running.
+    Running,
+    /// Every one exited 0: the containers may start.
+    Done,
+    /// One failed: the pod fails with this status.
+    Failed(Value),
 }
 
 /// A pod the agent started: its name and the node kube-scheduler bound it to.
@@ -93,7 +116,8 @@ impl NodeAgent {
             .map_err(|e| kube::Error::Service(e.to_string().into()))?;
         let client = kube::Client::try_from(config)?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        let secrets: Api<Secret> = Api::namespaced(client, namespace);
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let config_maps: Api<ConfigMap> = Api::namespaced(client, namespace);
         let (stop, mut stopped) = watch::channel(false);
         let index: LogIndex = Arc::default();
         let server = match &kubelet {
@@ -112,9 +136,11 @@ impl NodeAgent {
         let ran2 = ran.clone();
         let task = tokio::spawn(async move {
             let mut runs: HashMap<String, Run> = HashMap::new();
+            let mut inits: HashMap<String, Init> = HashMap::new();
             loop {
-                let apis = (&pods, &secrets);
-                if let Err(e) = pass(apis, &work_dir, mode, &mut runs, &ran2, &index).await {
+                let apis = (&pods, &secrets, &config_maps);
+                let state = (&mut runs, &mut inits);
+                if let Err(e) = pass(apis, &work_dir, mode, state, &ran2, &index).await {
                     tracing::warn!(error = %e, "node agent pass");
                 }
                 tokio::select! {
@@ -124,6 +150,9 @@ impl NodeAgent {
             }
             for run in runs.values() {
                 kill(run);
+            }
+            for init in inits.values() {
+                kill_init(init);
             }
             if let Some(server) = server {
                 let _ = server.await;
@@ -153,6 +182,12 @@ impl NodeAgent {
 impl Drop for NodeAgent {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+    }
+}
+
+fn kill_init(init: &Init) {
+    if let Some((_, pgid)) = init.running.as_ref().filter(|(_, p)| *p > 0) {
+        crate::process::signal_group(*pgid, nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -196,10 +231,10 @@ async fn send(pods: &Api<Pod>, call: Call) -> Result<(), kube::Error> {
 }
 
 async fn pass(
-    (pods, secrets): (&Api<Pod>, &Api<Secret>),
+    (pods, secrets, config_maps): (&Api<Pod>, &Api<Secret>, &Api<ConfigMap>),
     work_dir: &Path,
     mode: Mode,
-    runs: &mut HashMap<String, Run>,
+    (runs, inits): (&mut HashMap<String, Run>, &mut HashMap<String, Init>),
     ran: &Mutex<Vec<RanPod>>,
     index: &LogIndex,
 ) -> Result<(), kube::Error> {
@@ -221,6 +256,9 @@ async fn pass(
         seen.insert(uid.clone());
         names.insert(name.clone());
         if pod.metadata.deletion_timestamp.is_some() {
+            if let Some(init) = inits.remove(&uid) {
+                kill_init(&init);
+            }
             if let Some(run) = runs.remove(&uid) {
                 kill(&run);
                 // As a kubelet does, a deleted pod that was running ends in a terminal phase
@@ -271,9 +309,37 @@ async fn pass(
                 );
             }
             None if pending => {
-                // As a kubelet, a pod whose Secret volume does not exist yet waits for it.
-                if matches!(mode, Mode::Process) && !stage_secrets(secrets, &pod, work_dir).await {
+                // As a kubelet, a pod whose Secret or ConfigMap volume does not exist yet waits
+                // for it.
+                if matches!(mode, Mode::Process)
+                    && !inits.contains_key(&uid)
+                    && !stage_volumes((secrets, config_maps), &pod, work_dir).await
+                {
                     continue;
+                }
+                if matches!(mode, Mode::Process) {
+                    match advance_init(&pod, work_dir, inits.entry(uid.clone())) {
+                        InitStep::Running => continue,
+                        InitStep::Failed(body) => {
+                            inits.remove(&uid);
+                            calls.push(Call::Status { name, body });
+                            runs.insert(
+                                uid,
+                                Run {
+                                    root: pod_root(&pod, work_dir),
+                                    started_at: now_rfc3339(),
+                                    pgids: Vec::new(),
+                                    images: HashMap::new(),
+                                    ended: Arc::default(),
+                                    reported_final: true,
+                                },
+                            );
+                            continue;
+                        }
+                        InitStep::Done => {
+                            inits.remove(&uid);
+                        }
+                    }
                 }
                 let run = match mode {
                     Mode::Process => start_pod(&pod, work_dir),
@@ -319,6 +385,13 @@ async fn pass(
         let keep = seen.contains(uid);
         if !keep {
             kill(run);
+        }
+        keep
+    });
+    inits.retain(|uid, init| {
+        let keep = seen.contains(uid);
+        if !keep {
+            kill_init(init);
         }
         keep
     });
@@ -416,32 +489,76 @@ fn pod_root(pod: &Pod, work_dir: &Path) -> PathBuf {
     ))
 }
 
-/// Writes each Secret volume of `pod` as files (one per key, with the volume's `defaultMode`)
-/// into the directory its mounts map to. False while a Secret is missing or unreadable.
-async fn stage_secrets(secrets: &Api<Secret>, pod: &Pod, work_dir: &Path) -> bool {
+/// Writes each Secret and ConfigMap volume of `pod` as files (one per key, or per listed item
+/// at its path, with the volume's `defaultMode`) into the directory its mounts map to. False
+/// while one is missing or unreadable.
+async fn stage_volumes(
+    (secrets, config_maps): (&Api<Secret>, &Api<ConfigMap>),
+    pod: &Pod,
+    work_dir: &Path,
+) -> bool {
     let volumes = pod
         .spec
         .as_ref()
         .and_then(|s| s.volumes.clone())
         .unwrap_or_default();
     for v in volumes {
-        let Some(source) = v.secret else { continue };
-        let Some(name) = source.secret_name else {
-            continue;
-        };
-        let secret = match secrets.get_opt(&name).await {
-            Ok(Some(s)) => s,
-            _ => return false,
-        };
+        let (files, items, mode): (BTreeMap<String, Vec<u8>>, _, _) =
+            match (&v.secret, &v.config_map) {
+                (Some(source), _) => {
+                    let Some(name) = source.secret_name.as_deref() else {
+                        continue;
+                    };
+                    let Ok(Some(secret)) = secrets.get_opt(name).await else {
+                        return false;
+                    };
+                    let data = secret.data.unwrap_or_default();
+                    let files = data.into_iter().map(|(k, v)| (k, v.0)).collect();
+                    (files, source.items.clone(), source.default_mode)
+                }
+                (None, Some(source)) => {
+                    let Ok(Some(cm)) = config_maps.get_opt(&source.name).await else {
+                        return false;
+                    };
+                    let mut files: BTreeMap<String, Vec<u8>> = cm
+                        .data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.into_bytes()))
+                        .collect();
+                    files.extend(
+                        cm.binary_data
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(k, v)| (k, v.0)),
+                    );
+                    (files, source.items.clone(), source.default_mode)
+                }
+                (None, None) => continue,
+            };
         let dir = pod_root(pod, work_dir).join("volumes").join(&v.name);
         if std::fs::create_dir_all(&dir).is_err() {
             return false;
         }
-        let mode = source.default_mode.unwrap_or(0o644) as u32;
-        for (key, value) in secret.data.unwrap_or_default() {
-            let path = dir.join(&key);
+        // With `items`, only the listed keys, each at its own path; without, every key.
+        let placed: Vec<(String, Vec<u8>)> = match items {
+            Some(items) => items
+                .iter()
+                .filter_map(|i| Some((i.path.clone(), files.get(&i.key)?.clone())))
+                .collect(),
+            None => files.into_iter().collect(),
+        };
+        let mode = mode.unwrap_or(0o644) as u32;
+        for (rel, value) in placed {
+            if rel.split('/').any(|p| p == "..") {
+                return false;
+            }
+            let path = dir.join(&rel);
+            if let Some(parent) = path.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
             let _ = std::fs::remove_file(&path);
-            if std::fs::write(&path, &value.0).is_err() {
+            if std::fs::write(&path, &value).is_err() {
                 return false;
             }
             let perm = std::os::unix::fs::PermissionsExt::from_mode(mode);
@@ -449,6 +566,103 @@ async fn stage_secrets(secrets: &Api<Secret>, pod: &Pod, work_dir: &Path) -> boo
         }
     }
     true
+}
+
+/// Starts the pod's next init container, or reports how they went: each runs to its end before
+/// the next starts, as a kubelet runs them.
+fn advance_init(
+    pod: &Pod,
+    work_dir: &Path,
+    entry: std::collections::hash_map::Entry<'_, String, Init>,
+) -> InitStep {
+    let containers = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.clone())
+        .unwrap_or_default();
+    if containers.is_empty() {
+        return InitStep::Done;
+    }
+    let init = entry.or_insert_with(|| Init {
+        root: pod_root(pod, work_dir),
+        started_at: now_rfc3339(),
+        running: None,
+        next: 0,
+        ended: Arc::default(),
+    });
+    if let Some((name, _)) = &init.running {
+        let end = init.ended.lock().ok().and_then(|e| e.get(name).cloned());
+        match end {
+            None => return InitStep::Running,
+            Some(e) if e.code != 0 => return InitStep::Failed(init_failed(pod, init, name, &e)),
+            Some(_) => {
+                init.running = None;
+                init.next += 1;
+            }
+        }
+    }
+    let Some(c) = containers.get(init.next) else {
+        return InitStep::Done;
+    };
+    let pgid = match spawn(pod, c, &init.root, init.ended.clone()) {
+        Ok(pgid) => pgid,
+        Err(e) => {
+            tracing::warn!(container = %c.name, error = %e, "node agent: init container did not start");
+            record_end(&init.ended, c.name.clone(), 128);
+            0
+        }
+    };
+    init.running = Some((c.name.clone(), pgid));
+    InitStep::Running
+}
+
+/// The status of a pod whose init container `name` failed: phase Failed, the init container
+/// terminated with its code and (as `FallbackToLogsOnError` makes a kubelet do) the end of its
+/// log as the message.
+fn init_failed(pod: &Pod, init: &Init, name: &str, end: &Ended) -> Value {
+    let log = std::fs::read_to_string(init.root.join(format!("{name}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+    let tail: String = tail
+        .chars()
+        .rev()
+        .take(2048)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let waiting: Vec<Value> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({"name": c.name, "image": c.image, "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}})
+        })
+        .collect();
+    json!({"status": {
+        "phase": "Failed",
+        "hostIP": "127.0.0.1",
+        "startTime": init.started_at,
+        "conditions": conditions(pod, "False", Some("PodFailed")),
+        "initContainerStatuses": [{
+            "name": name,
+            "image": "",
+            "imageID": "",
+            "ready": false,
+            "restartCount": 0,
+            "state": {"terminated": {
+                "exitCode": end.code,
+                "reason": "Error",
+                "message": tail.trim_end(),
+                "startedAt": init.started_at,
+                "finishedAt": end.at,
+            }},
+        }],
+        "containerStatuses": waiting,
+    }})
 }
 
 /// Starts every container of the pod; one that cannot start ends at once with code 128.

@@ -185,7 +185,7 @@ pub struct Policy {
     /// workers have none: Kueue queues their pods.
     pub max_building_per_worker: usize,
     /// New assignments per pooled worker (an in-process backend) per cycle (ours: 1000; the
-    /// published Kubernetes provider has no pseudo worker to limit).
+    /// published Kubernetes provider places without a scheduler).
     pub max_assignments_per_pool_per_cycle: usize,
 }
 

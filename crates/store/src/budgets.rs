@@ -172,7 +172,7 @@ pub struct QueuedTask {
     pub job_id: String,
     /// PENDING: the job's requested band; RUNNING: the band it runs at.
     pub band: i32,
-    /// RUNNING only.
+    /// RUNNING only: the worker, or the backend running it.
     pub worker_id: String,
     pub backend_id: String,
 }
@@ -187,9 +187,11 @@ static PENDING_TASKS: LazyLock<String> = LazyLock::new(|| {
 });
 static RUNNING_TASKS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT j.user_id, t.job_id, t.priority_band, t.current_worker_id, COALESCE(t.backend_id, '')
+        "SELECT j.user_id, t.job_id, t.priority_band, COALESCE(t.current_worker_id, a.backend_id),
+                COALESCE(t.backend_id, '')
          FROM tasks t JOIN jobs j ON j.job_id = t.job_id
-         WHERE t.state = {} AND t.current_worker_id IS NOT NULL ORDER BY t.job_id, t.task_index",
+         JOIN task_attempts a ON a.task_id = t.task_id AND a.attempt_id = t.current_attempt_id
+         WHERE t.state = {} AND t.cluster = 'local' ORDER BY t.job_id, t.task_index",
         TaskState::Running.code()
     )
 });
@@ -209,7 +211,8 @@ pub fn pending_tasks(c: &impl Read) -> Result<Vec<QueuedTask>> {
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Every RUNNING task on a worker, by job and index.
+/// Every RUNNING local task with its holder (its worker, or the backend of an attempt with no
+/// worker), by job and index.
 pub fn running_tasks(c: &impl Read) -> Result<Vec<QueuedTask>> {
     let mut st = c.raw().prepare_cached(&RUNNING_TASKS)?;
     let rows = st.query_map([], |r| {

@@ -316,4 +316,20 @@ CREATE INDEX idx_attempts_worker_recent
     ON task_attempts(worker_id, COALESCE(started_at_ms, created_at_ms));
 "#,
     ),
+    (
+        "0008_backends_without_worker_rows",
+        r#"
+-- An in-process backend (Kubernetes) places work without worker rows (seed 000: no synthetic
+-- worker on that path): its attempts have no worker and name the backend in `backend_id`.
+-- Earlier versions registered each backend as a pseudo worker at an `inproc://` address; those
+-- rows go, and their attempts move to the backend they stood for.
+UPDATE task_attempts SET backend_id = worker_id, worker_id = NULL
+ WHERE worker_id IN (SELECT worker_id FROM workers WHERE address LIKE 'inproc://%');
+UPDATE tasks SET current_worker_id = NULL, current_worker_address = NULL
+ WHERE current_worker_address LIKE 'inproc://%';
+DELETE FROM workers WHERE address LIKE 'inproc://%';
+CREATE INDEX IF NOT EXISTS idx_attempts_open_backend ON task_attempts(backend_id)
+    WHERE finished_at_ms IS NULL AND worker_id IS NULL;
+"#,
+    ),
 ];

@@ -23,7 +23,7 @@ pub fn past_scheduling_deadline(c: &impl Read, now: i64) -> Result<Vec<String>> 
 
 static TIMED_OUT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT t.task_id, a.worker_id FROM tasks t JOIN job_config c ON c.job_id = t.job_id
+        "SELECT t.task_id, COALESCE(a.worker_id, a.backend_id) FROM tasks t JOIN job_config c ON c.job_id = t.job_id
          JOIN task_attempts a ON a.task_id = t.task_id AND a.attempt_id = t.current_attempt_id
          WHERE t.state IN ({}, {}) AND t.cluster = 'local' AND c.timeout_ms IS NOT NULL
            AND a.started_at_ms IS NOT NULL AND a.started_at_ms + c.timeout_ms < ?1",
@@ -33,7 +33,7 @@ static TIMED_OUT: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Executing local tasks past their execution timeout (measured from the attempt's start):
-/// `(task, worker)`.
+/// `(task, holder)` (its worker, or the backend of an attempt with no worker).
 pub fn past_execution_timeout(c: &impl Read, now: i64) -> Result<Vec<(String, String)>> {
     let mut st = c.raw().prepare_cached(&TIMED_OUT)?;
     let rows = st.query_map([now], |r| {

@@ -4,8 +4,9 @@ use crate::{Raw, Read, Result, Tx};
 use iris_types::{AttrValue, Resources, TaskState};
 use rusqlite::{params, OptionalExtension};
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
-/// What a worker (or an in-process backend's pseudo worker) registers.
+/// What a worker registers.
 #[derive(Clone, Debug, Default)]
 pub struct Registration {
     pub worker_id: String,
@@ -130,6 +131,15 @@ pub struct Capacity {
     pub attributes: BTreeMap<String, AttrValue>,
 }
 
+/// A stored `device_variant` as the scheduler takes it: lower-case, empty for CPU.
+pub fn scheduler_variant(stored: &str) -> String {
+    if stored.eq_ignore_ascii_case("cpu") {
+        String::new()
+    } else {
+        stored.to_ascii_lowercase()
+    }
+}
+
 /// Every worker with its capacity and attributes, by id.
 pub fn capacities(c: &impl Read) -> Result<Vec<Capacity>> {
     let c = c.raw();
@@ -166,11 +176,7 @@ pub fn capacities(c: &impl Read) -> Result<Vec<Capacity>> {
                 gpu: r.get(4)?,
                 tpu: r.get(5)?,
             },
-            device_variant: if v == "cpu" {
-                String::new()
-            } else {
-                v.to_ascii_lowercase()
-            },
+            device_variant: scheduler_variant(&v),
             healthy: r.get::<_, i64>(7)? != 0,
             address: r.get(8)?,
             attributes: BTreeMap::new(),
@@ -241,14 +247,33 @@ pub struct DesiredRow {
     pub num_tasks: i64,
 }
 
+const OPEN_ATTEMPT_COLS: &str =
+    "SELECT a.attempt_uid, a.task_id, t.job_id, a.attempt_id, a.state, t.state, t.current_attempt_id, j.num_tasks
+     FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id JOIN jobs j ON j.job_id = t.job_id";
+
+static OPEN_ON_WORKER: LazyLock<String> = LazyLock::new(|| {
+    format!("{OPEN_ATTEMPT_COLS} WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL ORDER BY a.created_at_ms")
+});
+static OPEN_ON_BACKEND: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{OPEN_ATTEMPT_COLS} WHERE a.backend_id = ?1 AND a.worker_id IS NULL AND a.finished_at_ms IS NULL
+         ORDER BY a.created_at_ms"
+    )
+});
+
 /// Open attempts (no `finished_at`) on a worker, oldest first.
 pub fn open_attempts(c: &impl Read, worker_id: &str) -> Result<Vec<DesiredRow>> {
-    let mut st = c.raw().prepare_cached(
-        "SELECT a.attempt_uid, a.task_id, t.job_id, a.attempt_id, a.state, t.state, t.current_attempt_id, j.num_tasks
-         FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id JOIN jobs j ON j.job_id = t.job_id
-         WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL ORDER BY a.created_at_ms",
-    )?;
-    let rows = st.query_map([worker_id], |r| {
+    open_rows(c, &OPEN_ON_WORKER, worker_id)
+}
+
+/// Open attempts of an in-process backend (attempts with no worker), oldest first.
+pub fn open_backend_attempts(c: &impl Read, backend_id: &str) -> Result<Vec<DesiredRow>> {
+    open_rows(c, &OPEN_ON_BACKEND, backend_id)
+}
+
+fn open_rows(c: &impl Read, sql: &str, holder: &str) -> Result<Vec<DesiredRow>> {
+    let mut st = c.raw().prepare_cached(sql)?;
+    let rows = st.query_map([holder], |r| {
         let attempt_id: i64 = r.get(3)?;
         let current: i64 = r.get(6)?;
         Ok(DesiredRow {

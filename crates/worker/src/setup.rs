@@ -19,16 +19,7 @@ pub enum Step {
     Skip(Option<String>),
 }
 
-/// Whether a script runs `uv sync` (outside comments).
-fn syncs(script: &str) -> bool {
-    script
-        .lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .any(|l| {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            words.windows(2).any(|w| w == ["uv", "sync"])
-        })
-}
+use iris_backend::task_env::runs_uv_sync as syncs;
 
 /// Whether a script does its work only inside an existing `$IRIS_VENV` (the published client's
 /// runtime-deps step is `if [ -d "$IRIS_VENV" ]; then … fi`).

@@ -269,12 +269,24 @@ impl TestCluster {
         config_yaml: Option<&str>,
         controller_args: &[&str],
     ) -> TestCluster {
+        TestCluster::start_bound("127.0.0.1:0", workers, config_yaml, controller_args)
+    }
+
+    /// Like [`TestCluster::start_with_args`], with the controller bound to `bind` (a config
+    /// that names the controller's own address needs to know it in advance).
+    #[allow(dead_code)]
+    pub fn start_bound(
+        bind: &str,
+        workers: &[WorkerSpec],
+        config_yaml: Option<&str>,
+        controller_args: &[&str],
+    ) -> TestCluster {
         let (root, state_dir, ws) = scratch();
         let log = std::fs::File::create(root.path().join("controller.log")).expect("log file");
         let mut cmd = base_cmd(root.path());
         cmd.args(["cluster", "controller", "serve", "--state-dir"])
             .arg(&state_dir)
-            .args(["--bind", "127.0.0.1:0", "--worker-grace", "2"]);
+            .args(["--bind", bind, "--worker-grace", "2"]);
         // The config goes with the other `serve` arguments, so restarts read it again (a test
         // may rewrite `cluster.yaml` before a restart).
         let mut controller_args: Vec<String> =

@@ -71,11 +71,6 @@ impl Controller {
         let mut total: BTreeMap<String, i64> = BTreeMap::new();
         let mut healthy = 0;
         let mut variant_of: HashMap<String, String> = HashMap::new();
-        let inproc: BTreeSet<String> = self.backend_list().iter().map(|b| b.worker_id()).collect();
-        let workers: Vec<_> = workers
-            .into_iter()
-            .filter(|w| !inproc.contains(&w.id))
-            .collect();
         // The configured groups' routing attributes (what the reference advertises), then the
         // live workers' (daemons started by hand have no group in the config).
         for g in &self.cfg.groups {
@@ -224,7 +219,7 @@ impl Controller {
         req: c::GetKubernetesClusterStatusRequest,
     ) -> Result<c::GetKubernetesClusterStatusResponse> {
         for b in self.backend_list() {
-            if !req.backend_id.is_empty() && b.worker_id() != req.backend_id {
+            if !req.backend_id.is_empty() && b.backend_id() != req.backend_id {
                 continue;
             }
             let s = crate::backend::summary(&*b).await?;

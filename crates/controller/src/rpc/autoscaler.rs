@@ -100,7 +100,7 @@ impl Controller {
         drop(conn);
         let mut by_group: BTreeMap<String, Vec<&c::WorkerHealthStatus>> = BTreeMap::new();
         for w in &workers {
-            if !w.scale_group().is_empty() && !crate::backend::is_inproc_address(w.address()) {
+            if !w.scale_group().is_empty() {
                 by_group
                     .entry(w.scale_group.clone().unwrap_or_default())
                     .or_default()

@@ -129,7 +129,7 @@ fn profile_self(profiler: &job::profile_type::Profiler) -> std::result::Result<V
 }
 
 impl Controller {
-    /// A client for worker daemon `worker_id` (never an in-process backend's pseudo worker).
+    /// A client for worker daemon `worker_id` (never an in-process backend).
     fn worker_client(&self, worker_id: &str) -> Result<iris_rpc::Client> {
         let inproc = || {
             Error::precondition(format!(
@@ -144,9 +144,6 @@ impl Controller {
                 "worker {worker_id} not found; `iris cluster status` lists the workers"
             ))
         })?;
-        if crate::backend::is_inproc_address(&addr) {
-            return Err(inproc());
-        }
         let url = if addr.starts_with("http") {
             addr
         } else {

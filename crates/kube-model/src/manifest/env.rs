@@ -20,13 +20,30 @@ fn shell_quote(s: &str) -> String {
 
 /// The `bash -lc` script: strict mode, no core dumps, the setup steps, the venv if one exists,
 /// then `exec` of the command.
+///
+/// Each setup step runs in its own `bash` after a banner (`[iris setup] step i/n`), so a
+/// failure names its step and `set -e` stops there. A step that runs `uv sync` is skipped, with
+/// a line saying so, when the staged working directory has no `pyproject.toml` — the rule a
+/// worker daemon applies ([`iris_backend::task_env::runs_uv_sync`]).
 pub fn task_script(input: &PodInput) -> String {
     let mut lines = vec![
         "set -e".to_string(),
         "ulimit -c 0".to_string(),
+        "mkdir -p /app".to_string(),
         "cd /app".to_string(),
     ];
-    lines.extend(input.setup_commands.iter().cloned());
+    let total = input.setup_commands.len();
+    for (i, script) in input.setup_commands.iter().enumerate() {
+        let banner = format!("[iris setup] step {}/{total}", i + 1);
+        let run = format!("echo '{banner}'; bash -c {}", shell_quote(script));
+        if iris_backend::task_env::runs_uv_sync(script) {
+            lines.push(format!(
+                "if [ -f pyproject.toml ]; then {run}; else echo '{banner} skipped: no pyproject.toml to sync'; fi"
+            ));
+        } else {
+            lines.push(run);
+        }
+    }
     lines.push(
         r#"if [ -f "$IRIS_VENV/bin/activate" ]; then . "$IRIS_VENV/bin/activate"; fi"#.to_string(),
     );

@@ -80,6 +80,12 @@ pub struct PodInput {
     /// Job secrets, mounted read-only under [`SECRETS_MOUNT_PATH`](super::SECRETS_MOUNT_PATH)
     /// from `<pod>-secrets`.
     pub secrets: BTreeMap<String, String>,
+    /// The bundle to unpack into `/app` (empty: none), by the `stage-workdir` init container.
+    pub bundle_id: String,
+    /// Workdir files (relative path → contents), staged from the per-pod ConfigMap `<pod>-wf`.
+    pub workdir_files: BTreeMap<String, Vec<u8>>,
+    /// Workdir files the controller holds (relative path → SHA-256), fetched from its blobs.
+    pub workdir_file_refs: BTreeMap<String, String>,
 }
 
 impl PodInput {

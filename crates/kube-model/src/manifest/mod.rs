@@ -8,16 +8,14 @@
 //! * the `log-shipper` sidecar — the controller streams the `task` container's log through the
 //!   Kubernetes API instead;
 //! * the `output-uploader` container — task outputs stay in the `task-outputs` emptyDir;
-//! * the `stage-workdir` init container — the controller stages the bundle itself, by putting
-//!   the fetch-and-unpack step first in [`PodInput::setup_commands`], which run in `/app`
-//!   before the command;
 //! * container security profiles other than the default (`SYS_PTRACE`), gVisor and sandbox
 //!   egress (`iris.egress`).
 //!
 //! By role: `input` (what a manifest is built from), `names` (object names, labels and
 //! annotations), `pod` (the Pod itself, with nodeSelector and tolerations), `env` (command script
 //! and environment), `resources` (requests and limits), `volumes` (volumes and mounts), `pdb`
-//! (PodDisruptionBudget) and `secret` (the per-pod Secret). Everything public is re-exported
+//! (PodDisruptionBudget), `secret` (the per-pod Secret) and `workdir` (the `stage-workdir` init
+//! container and the per-pod ConfigMap of workdir files). Everything public is re-exported
 //! here.
 
 mod env;
@@ -28,6 +26,7 @@ mod pod;
 mod resources;
 mod secret;
 mod volumes;
+mod workdir;
 
 pub use env::{pod_env, task_script};
 pub use input::{NodeConstraint, PodInput, ProviderConfig};
@@ -37,6 +36,10 @@ pub use names::{
 pub use pdb::{build_pdb, pdb_name};
 pub use pod::build_pod;
 pub use secret::{build_secret, secret_name};
+pub use workdir::{
+    build_workdir_config_map, workdir_config_map_name, workdir_relative_path, STAGE_CONTAINER,
+    STAGE_SCRIPT,
+};
 
 use crate::topology::TopologyError;
 
@@ -131,6 +134,14 @@ pub enum ManifestError {
         "no task image: the request sets none and kubernetes_provider has no default task image"
     )]
     MissingImage,
+    /// A workdir file whose name is not a safe relative path.
+    #[error("workdir file '{name}': {why}; name files by paths relative to the working directory")]
+    InvalidWorkdirFile {
+        /// The name as submitted.
+        name: String,
+        /// What is wrong with it.
+        why: String,
+    },
     /// `kubernetes_provider.kueue.cluster_queue` is empty.
     #[error("kubernetes_provider.kueue.cluster_queue is required: the LocalQueue must point at a ClusterQueue")]
     MissingClusterQueue,
@@ -172,6 +183,9 @@ mod tests {
             timeout_seconds: None,
             task_image: None,
             secrets: BTreeMap::new(),
+            bundle_id: String::new(),
+            workdir_files: BTreeMap::new(),
+            workdir_file_refs: BTreeMap::new(),
         }
     }
 
@@ -556,7 +570,7 @@ mod tests {
     #[test]
     fn script_quotes_argv_and_runs_setup_first() {
         let inp = PodInput {
-            setup_commands: vec!["uv sync".into()],
+            setup_commands: vec!["uv sync --frozen".into(), "echo it's ready".into()],
             argv: vec![
                 "echo".into(),
                 "it's".into(),
@@ -568,9 +582,19 @@ mod tests {
         };
         let s = task_script(&inp);
         let lines: Vec<&str> = s.lines().collect();
+        // Each step in its own bash after a banner; a sync step only where there is a
+        // pyproject.toml to sync.
         assert_eq!(
-            &lines[..4],
-            &["set -e", "ulimit -c 0", "cd /app", "uv sync"]
+            &lines[..6],
+            &[
+                "set -e",
+                "ulimit -c 0",
+                "mkdir -p /app",
+                "cd /app",
+                "if [ -f pyproject.toml ]; then echo '[iris setup] step 1/2'; bash -c 'uv sync --frozen'; \
+                 else echo '[iris setup] step 1/2 skipped: no pyproject.toml to sync'; fi",
+                r#"echo '[iris setup] step 2/2'; bash -c 'echo it'"'"'s ready'"#,
+            ]
         );
         assert_eq!(
             lines.last().copied(),
@@ -689,5 +713,86 @@ mod tests {
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
             ("Pod", pod_name.as_str(), "uid-1")
         );
+    }
+
+    #[test]
+    fn the_stage_workdir_init_container_stages_bundle_files_and_blobs() {
+        let cfg = ProviderConfig {
+            controller_address: Some("http://ctl:10000".into()),
+            ..config()
+        };
+        // Nothing to stage: no init container.
+        let pod = build_pod(&input(), &cfg).expect("valid");
+        assert!(spec(&pod).init_containers.is_none());
+        let inp = PodInput {
+            bundle_id: "ab12".into(),
+            workdir_files: BTreeMap::from([("pkg/run.py".into(), b"print(1)".to_vec())]),
+            workdir_file_refs: BTreeMap::from([("big.bin".into(), "cd34".into())]),
+            task_image: Some("ghcr.io/alice/custom:1".into()),
+            ..input()
+        };
+        let pod = build_pod(&inp, &cfg).expect("valid");
+        let init = &spec(&pod)
+            .init_containers
+            .as_ref()
+            .expect("init containers")[0];
+        assert_eq!(init.name, STAGE_CONTAINER);
+        // The cluster's default image (it has Python), not the task's own.
+        assert_eq!(
+            init.image.as_deref(),
+            Some("ghcr.io/example/iris-task:latest")
+        );
+        let command = init.command.clone().unwrap_or_default();
+        assert_eq!(command[..2], ["python".to_string(), "-c".to_string()]);
+        assert_eq!(command[2], STAGE_SCRIPT);
+        let env: BTreeMap<String, String> = init
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(env["IRIS_WORKDIR"], "/app");
+        assert_eq!(env["IRIS_CONTROLLER_URL"], "http://ctl:10000");
+        assert_eq!(env["IRIS_BUNDLE_ID"], "ab12");
+        assert_eq!(env["IRIS_WORKDIR_BLOB_REFS"], r#"{"big.bin":"cd34"}"#);
+        assert_eq!(env["IRIS_WORKDIR_FILES_SRC"], "/iris/staged-workdir-files");
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let files = spec(&pod)
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "workdir-files")
+            .and_then(|v| v.config_map.clone())
+            .expect("the workdir-files volume");
+        assert_eq!(files.name, workdir_config_map_name(&name));
+        let items = files.items.unwrap_or_default();
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("f0000", "pkg/run.py")
+        );
+        let cm = build_workdir_config_map(&inp, &cfg, Some("uid-1")).expect("a ConfigMap");
+        assert_eq!(cm.metadata.name, Some(workdir_config_map_name(&name)));
+        let data = cm.binary_data.unwrap_or_default();
+        assert_eq!(data["f0000"].0, b"print(1)");
+        let owner = cm.metadata.owner_references.unwrap_or_default();
+        assert_eq!(
+            (owner[0].kind.as_str(), owner[0].uid.as_str()),
+            ("Pod", "uid-1")
+        );
+        // Without a controller address only the ConfigMap's files are staged (as the reference).
+        let pod = build_pod(&inp, &config()).expect("valid");
+        let init = &spec(&pod)
+            .init_containers
+            .as_ref()
+            .expect("init containers")[0];
+        let names: Vec<&str> = init.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["IRIS_WORKDIR", "IRIS_WORKDIR_FILES_SRC"]);
+        // A file name that escapes the working directory fails the manifest, naming it.
+        let bad = PodInput {
+            workdir_files: BTreeMap::from([("../etc/x".into(), vec![])]),
+            ..input()
+        };
+        let e = build_pod(&bad, &cfg).expect_err("escapes");
+        assert!(e.to_string().contains("workdir file '../etc/x'"), "{e}");
     }
 }

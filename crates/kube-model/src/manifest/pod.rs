@@ -72,7 +72,13 @@ pub fn build_pod(input: &PodInput, config: &ProviderConfig) -> Result<Pod, Manif
         return Err(ManifestError::MissingImage);
     }
     let name = pod_name(&input.task_id, input.attempt_id, &input.attempt_uid);
-    let (volumes, volume_mounts) = volumes(input, config, &name);
+    let (mut volumes, volume_mounts) = volumes(input, config, &name);
+    let stage = super::workdir::stage_workdir(input, config)?;
+    let mut init_containers = Vec::new();
+    if let Some((container, volume)) = stage {
+        init_containers.push(container);
+        volumes.extend(volume);
+    }
 
     let container = Container {
         name: TASK_CONTAINER.into(),
@@ -117,6 +123,7 @@ pub fn build_pod(input: &PodInput, config: &ProviderConfig) -> Result<Pod, Manif
 
     let spec = PodSpec {
         restart_policy: Some("Never".into()),
+        init_containers: (!init_containers.is_empty()).then_some(init_containers),
         containers: vec![container],
         volumes: Some(volumes),
         node_selector: (!node_selector.is_empty()).then_some(node_selector),

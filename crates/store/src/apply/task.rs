@@ -262,6 +262,16 @@ pub(crate) fn apply_task_event_raw(
     Ok(Some(step.task))
 }
 
+/// Where an attempt runs: on a worker daemon (a `workers` row, dialled at its address) or in an
+/// in-process backend (Kubernetes), which places work without any worker row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder<'a> {
+    /// A worker daemon.
+    Worker { id: &'a str, address: &'a str },
+    /// An in-process backend, by its id (kept in the attempt's `backend_id`).
+    Backend(&'a str),
+}
+
 /// Places a pending task on a worker: applies `TaskEvent::Assign`, whose step opens a new attempt
 /// (with `uid`) in the state it names. Returns false when the task cannot be placed.
 pub fn assign_task(
@@ -269,6 +279,24 @@ pub fn assign_task(
     task_id: &str,
     worker_id: &str,
     worker_address: &str,
+    uid: &str,
+    band: i32,
+    now: i64,
+) -> Result<bool> {
+    let holder = Holder::Worker {
+        id: worker_id,
+        address: worker_address,
+    };
+    assign(tx, task_id, holder, uid, band, now)
+}
+
+/// Places a pending task on `holder`: a worker, or an in-process backend (the attempt then has
+/// no worker and names the backend in `backend_id`). Returns false when the task cannot be
+/// placed.
+pub fn assign(
+    tx: &Tx<'_>,
+    task_id: &str,
+    holder: Holder<'_>,
     uid: &str,
     band: i32,
     now: i64,
@@ -284,12 +312,29 @@ pub fn assign_task(
         super::note_illegal("task", task_id, "Assign produced no new attempt");
         return Ok(false);
     };
+    let (worker_id, worker_address, backend_id, message) = match holder {
+        Holder::Worker { id, address } => (
+            Some(id),
+            Some(address),
+            "default",
+            format!("Assigned to worker {id}"),
+        ),
+        Holder::Backend(id) => (None, None, id, format!("Dispatched to backend {id}")),
+    };
     let attempt_id = row.attempt_id + 1;
     tx.prepare_cached(
         "INSERT INTO task_attempts(task_id, attempt_id, worker_id, state, created_at_ms, attempt_uid, backend_id)
-         VALUES (?1,?2,?3,?4,?5,?6,'default')",
+         VALUES (?1,?2,?3,?4,?5,?6,?7)",
     )?
-    .execute(params![task_id, attempt_id, worker_id, attempt_state.code(), now, uid])?;
+    .execute(params![
+        task_id,
+        attempt_id,
+        worker_id,
+        attempt_state.code(),
+        now,
+        uid,
+        backend_id
+    ])?;
     tx.prepare_cached(
         "UPDATE tasks SET state = ?7, current_attempt_id = ?2, current_worker_id = ?3, current_worker_address = ?4,
             started_at_ms = COALESCE(started_at_ms, ?5), priority_band = ?6, status_message = NULL
@@ -313,7 +358,7 @@ pub fn assign_task(
         now,
         "Normal",
         step.reason,
-        &format!("Assigned to worker {worker_id}"),
+        &message,
         CONTROLLER,
     )?;
     recompute_job(tx, &row.job_id, now)?;
@@ -332,8 +377,9 @@ pub struct Observation {
     pub container_id: String,
 }
 
-/// Applies a worker's observation, fenced by attempt uid and worker id. Returns true when it
-/// changed state.
+/// Applies a worker's (or backend's) observation, fenced by attempt uid and holder: the attempt's
+/// worker id, or, for an attempt with no worker, its backend id. Returns true when it changed
+/// state.
 pub fn apply_observation(
     tx: &Tx<'_>,
     worker_id: &str,
@@ -343,7 +389,8 @@ pub fn apply_observation(
     let tx = &tx.tx;
     let att: Option<(String, i64, Option<String>, i32, bool, i64)> = tx
         .prepare_cached(
-            "SELECT a.task_id, a.attempt_id, a.worker_id, a.state, a.finished_at_ms IS NOT NULL, t.current_attempt_id
+            "SELECT a.task_id, a.attempt_id, COALESCE(a.worker_id, a.backend_id), a.state, a.finished_at_ms IS NOT NULL,
+                t.current_attempt_id
              FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id WHERE a.attempt_uid = ?1",
         )?
         .query_row([&obs.attempt_uid], |r| {

@@ -1013,3 +1013,113 @@ fn a_task_shows_the_container_its_current_attempt_reported() {
         Some("local-pg200")
     );
 }
+
+#[test]
+fn a_backend_holds_attempts_without_a_worker_row_and_only_it_reports_them() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/k", 2));
+    let on_backend = Holder::Backend("k8s-h100");
+    assert!(super::assign(&tx, "/alice/k/0", on_backend, "uid-k0", 2, T0 + 1).expect("assign"));
+    assert!(assign(&tx, "/alice/k/1", "w1", "uid-k1", T0 + 1));
+    let t = task(&tx, "/alice/k/0");
+    assert_eq!(t.state, TaskState::Assigned.code());
+    assert_eq!(t.worker_id, None, "no worker holds a backend's attempt");
+    assert_eq!(t.attempts[0].worker_id, None);
+    // The backend's open attempts are its own; the worker's are the worker's.
+    let on = |rows: Vec<workers::DesiredRow>| -> Vec<String> {
+        rows.into_iter().map(|r| r.attempt_uid).collect()
+    };
+    let backend = workers::open_backend_attempts(&tx, "k8s-h100").expect("backend attempts");
+    assert_eq!(on(backend), ["uid-k0"]);
+    assert_eq!(
+        on(workers::open_attempts(&tx, "w1").expect("w1")),
+        ["uid-k1"]
+    );
+    assert!(workers::open_backend_attempts(&tx, "w1")
+        .expect("w1")
+        .is_empty());
+    // Fencing: a worker cannot report the backend's attempt; the backend can.
+    assert!(!report(
+        &tx,
+        "w1",
+        "uid-k0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    assert!(report(
+        &tx,
+        "k8s-h100",
+        "uid-k0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 2
+    ));
+    assert!(report(
+        &tx,
+        "k8s-h100",
+        "uid-k0",
+        TaskState::Succeeded,
+        Some(0),
+        "",
+        T0 + 3
+    ));
+    assert_eq!(task_state(&tx, "/alice/k/0"), TaskState::Succeeded);
+    assert!(workers::open_backend_attempts(&tx, "k8s-h100")
+        .expect("backend")
+        .is_empty());
+    // No worker row was ever written for the backend.
+    assert_eq!(workers::ids(&tx).expect("ids"), ["w1"]);
+}
+
+#[test]
+fn the_pseudo_worker_rows_of_earlier_versions_become_backend_attempts() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    // As an earlier version left it: the backend registered as a worker at an inproc address.
+    let legacy = workers::Registration {
+        worker_id: "k8s-cpu".into(),
+        address: "inproc://k8s-cpu".into(),
+        ..Default::default()
+    };
+    workers::upsert(&tx, &legacy, T0).expect("legacy row");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/old", 2));
+    assert!(assign_task(
+        &tx,
+        "/alice/old/0",
+        "k8s-cpu",
+        "inproc://k8s-cpu",
+        "uid-o0",
+        2,
+        T0
+    )
+    .expect("assign"));
+    assert!(assign(&tx, "/alice/old/1", "w1", "uid-o1", T0));
+    let (_, sql) = crate::schema::MIGRATIONS
+        .iter()
+        .find(|(n, _)| *n == "0008_backends_without_worker_rows")
+        .expect("migration");
+    tx.raw().execute_batch(sql).expect("migration applies");
+    assert_eq!(workers::ids(&tx).expect("ids"), ["w1"]);
+    let t = task(&tx, "/alice/old/0");
+    assert_eq!((t.worker_id, t.worker_address), (None, None));
+    let backend = workers::open_backend_attempts(&tx, "k8s-cpu").expect("backend");
+    assert_eq!(backend.len(), 1);
+    assert_eq!(backend[0].attempt_uid, "uid-o0");
+    // The worker daemon's attempt is untouched.
+    assert_eq!(task(&tx, "/alice/old/1").worker_id.as_deref(), Some("w1"));
+    assert!(report(
+        &tx,
+        "k8s-cpu",
+        "uid-o0",
+        TaskState::Running,
+        None,
+        "",
+        T0 + 1
+    ));
+}
