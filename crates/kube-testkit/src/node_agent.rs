@@ -631,17 +631,7 @@ fn init_failed(pod: &Pod, init: &Init, name: &str, end: &Ended) -> Value {
         .into_iter()
         .rev()
         .collect();
-    let waiting: Vec<Value> = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.as_slice())
-        .unwrap_or_default()
-        .iter()
-        .map(|c| {
-            json!({"name": c.name, "image": c.image, "imageID": "", "ready": false,
-            "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}})
-        })
-        .collect();
+    let waiting = waiting_statuses(pod, json!({"reason": "PodInitializing"}));
     json!({"status": {
         "phase": "Failed",
         "hostIP": "127.0.0.1",
@@ -793,9 +783,9 @@ fn unpullable(pod: &Pod) -> Option<String> {
     })
 }
 
-fn pull_failed(pod: &Pod, image: &str) -> Value {
-    let statuses: Vec<Value> = pod
-        .spec
+/// Every container of `pod` waiting with `waiting` (its `reason` and, if any, `message`).
+fn waiting_statuses(pod: &Pod, waiting: Value) -> Vec<Value> {
+    pod.spec
         .as_ref()
         .map(|s| s.containers.as_slice())
         .unwrap_or_default()
@@ -808,13 +798,20 @@ fn pull_failed(pod: &Pod, image: &str) -> Value {
                 "ready": false,
                 "started": false,
                 "restartCount": 0,
-                "state": {"waiting": {
-                    "reason": "ImagePullBackOff",
-                    "message": format!("Back-off pulling image \"{image}\""),
-                }},
+                "state": {"waiting": waiting},
             })
         })
-        .collect();
+        .collect()
+}
+
+fn pull_failed(pod: &Pod, image: &str) -> Value {
+    let statuses = waiting_statuses(
+        pod,
+        json!({
+            "reason": "ImagePullBackOff",
+            "message": format!("Back-off pulling image \"{image}\""),
+        }),
+    );
     json!({"status": {
         "phase": "Pending",
         "hostIP": "127.0.0.1",

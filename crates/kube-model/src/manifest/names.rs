@@ -11,6 +11,7 @@ use super::{
 };
 use crate::priority;
 use crate::topology;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
@@ -175,4 +176,18 @@ pub fn pod_annotations(
     };
     ann.insert(ANNOTATION_TASK_ID.into(), input.task_id.clone());
     Ok(ann)
+}
+
+/// An owner reference to the attempt's pod (uid `pod_uid`), so Kubernetes deletes an object
+/// that belongs to the pod (its Secret, its workdir ConfigMap) with it.
+pub(super) fn owned_by_pod(pod_name: &str, pod_uid: Option<&str>) -> Option<Vec<OwnerReference>> {
+    pod_uid.map(|uid| {
+        vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: pod_name.to_string(),
+            uid: uid.into(),
+            ..Default::default()
+        }]
+    })
 }

@@ -1,9 +1,9 @@
 //! The per-pod Secret holding the job's secrets, owned by the pod so it goes with it.
 
 use super::input::{PodInput, ProviderConfig};
-use super::names::{base_labels, pod_name};
+use super::names::{base_labels, owned_by_pod, pod_name};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The Secret name of a pod: `<pod>-secrets`.
 pub fn secret_name(pod_name: &str) -> String {
@@ -21,15 +21,7 @@ pub fn build_secret(
         return None;
     }
     let pod = pod_name(&input.task_id, input.attempt_id, &input.attempt_uid);
-    let owner = owner_pod_uid.map(|uid| {
-        vec![OwnerReference {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            name: pod.clone(),
-            uid: uid.into(),
-            ..Default::default()
-        }]
-    });
+    let owner = owned_by_pod(&pod, owner_pod_uid);
     Some(Secret {
         metadata: ObjectMeta {
             name: Some(secret_name(&pod)),

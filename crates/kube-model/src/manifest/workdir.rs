@@ -5,12 +5,12 @@
 //! images have Python).
 
 use super::input::{PodInput, ProviderConfig};
-use super::names::{base_labels, pod_name};
+use super::names::{base_labels, owned_by_pod, pod_name};
 use super::ManifestError;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapVolumeSource, Container, EnvVar, KeyToPath, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use std::collections::BTreeMap;
 
@@ -158,15 +158,7 @@ pub fn build_workdir_config_map(
         return None;
     }
     let pod = pod_name(&input.task_id, input.attempt_id, &input.attempt_uid);
-    let owner = owner_pod_uid.map(|uid| {
-        vec![OwnerReference {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            name: pod.clone(),
-            uid: uid.into(),
-            ..Default::default()
-        }]
-    });
+    let owner = owned_by_pod(&pod, owner_pod_uid);
     let data: BTreeMap<String, ByteString> = input
         .workdir_files
         .values()
