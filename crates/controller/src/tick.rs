@@ -268,13 +268,16 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             .filter(|a| !draining.contains(&a.worker))
         {
             let band = bands.get(&a.task).copied().unwrap_or(Band::Interactive);
-            let holder = match addresses.get(&a.worker) {
-                Some(address) => apply::Holder::Worker {
+            // Asked of the backend registry, not inferred from a missing address: a worker
+            // removed since the snapshot must fail this commit (its row is gone), not become a
+            // backend nobody reconciles.
+            let holder = if ctl.backend(&a.worker).is_some() {
+                apply::Holder::Backend(&a.worker)
+            } else {
+                apply::Holder::Worker {
                     id: &a.worker,
-                    address,
-                },
-                // Not a worker row: an in-process backend.
-                None => apply::Holder::Backend(&a.worker),
+                    address: addresses.get(&a.worker).map_or("", String::as_str),
+                }
             };
             if apply::assign(&tx, &a.task, holder, &new_uid(), band.code(), now)? {
                 touched.insert(a.worker.clone());

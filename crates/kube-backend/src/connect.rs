@@ -1,7 +1,8 @@
 //! Startup: the cluster client (kubeconfig or in-cluster), and [`connect`], which applies Iris's
 //! own cluster objects (Pod PriorityClasses, Kueue WorkloadPriorityClasses, the LocalQueue),
 //! checks the admin-owned Kueue objects (reported in [`Preflight`], never created), starts the
-//! Pod and Workload watches and builds one [`KubeBackend`] per device lane (one per GPU variant, one for CPU work).
+//! Pod and Workload watches and builds one [`KubeBackend`] per device lane (one per GPU
+//! variant, one for CPU work).
 
 use crate::pods::{disrupted, phase};
 use crate::{

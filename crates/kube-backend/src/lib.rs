@@ -4,9 +4,9 @@
 //!
 //! It implements [`iris_backend::Backend`] once per device lane (one per GPU variant, one for
 //! CPU work; no worker rows): each lane registers a placement target whose capacity is
-//! effectively unbounded (placement and preemption belong to
-//! Kueue, so the controller's scheduler only turns pending tasks into attempts), it receives the
-//! desired set of attempts each round and
+//! effectively unbounded (placement and preemption belong to Kueue, so the controller's
+//! scheduler only turns pending tasks into attempts), it receives the desired set of attempts
+//! each round and
 //! * applies the Pod (server-side apply, deterministic name from task, attempt and uid, so a
 //!   retried apply is idempotent) and, for coordinator tasks, its PodDisruptionBudget;
 //! * deletes the exact Pod of an attempt that is no longer wanted (gangs: every pod of the group

@@ -296,17 +296,7 @@ async fn pass(
                     name,
                     body: pull_failed(&pod, &image),
                 });
-                runs.insert(
-                    uid,
-                    Run {
-                        root: work_dir.to_path_buf(),
-                        started_at: now_rfc3339(),
-                        pgids: Vec::new(),
-                        images: HashMap::new(),
-                        ended: Arc::default(),
-                        reported_final: true,
-                    },
-                );
+                runs.insert(uid, Run::settled(work_dir.to_path_buf()));
             }
             None if pending => {
                 // As a kubelet, a pod whose Secret or ConfigMap volume does not exist yet waits
@@ -323,17 +313,7 @@ async fn pass(
                         InitStep::Failed(body) => {
                             inits.remove(&uid);
                             calls.push(Call::Status { name, body });
-                            runs.insert(
-                                uid,
-                                Run {
-                                    root: pod_root(&pod, work_dir),
-                                    started_at: now_rfc3339(),
-                                    pgids: Vec::new(),
-                                    images: HashMap::new(),
-                                    ended: Arc::default(),
-                                    reported_final: true,
-                                },
-                            );
+                            runs.insert(uid, Run::settled(pod_root(&pod, work_dir)));
                             continue;
                         }
                         InitStep::Done => {
@@ -461,6 +441,19 @@ fn record_end(ended: &Mutex<HashMap<String, Ended>>, name: String, code: i32) {
 }
 
 impl Run {
+    /// A pod that runs nothing and whose final status is already sent (its image could not be
+    /// pulled, or an init container failed): kept so later passes leave it alone.
+    fn settled(root: PathBuf) -> Run {
+        Run {
+            root,
+            started_at: now_rfc3339(),
+            pgids: Vec::new(),
+            images: HashMap::new(),
+            ended: Arc::default(),
+            reported_final: true,
+        }
+    }
+
     /// A pod whose containers were just started (or simulated).
     fn started(
         root: PathBuf,
