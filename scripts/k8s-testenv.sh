@@ -90,22 +90,48 @@ build() {
   exec 9>&-
 }
 
-# free_port VAR: sets VAR to a loopback port nothing listens on, not yet handed out by this run.
+# free_port VAR: sets VAR to a loopback port nothing listens on and no other run holds.
 # Drawn from 10000..(start of the kernel's ephemeral range): an ephemeral port that is free now
-# can be taken by any outgoing connection before our server binds it.
+# can be taken by any outgoing connection before our server binds it. Runs started at the same
+# time (the tests start several) would otherwise pick the same port before either binds it, and
+# the node agents' kubelet port is bound only later, by the test: every run records the ports it
+# holds under $PORTS (one file per port, naming the run), choosing under a lock, and `down`
+# releases them. A holder whose run dir is gone (a killed run) no longer holds its ports.
+PORTS=$CACHE/ports
 USED_PORTS=" "
 free_port() {
   local -n out=$1
-  local p lo=10000 hi=32768
+  local p f owner lo=10000 hi=32768
   read -r hi _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
   ((hi > lo + 1000)) || hi=32768
+  mkdir -p "$PORTS"
+  exec 8>"$PORTS.lock"
+  flock 8
+  for f in "$PORTS"/*; do
+    [[ -f $f ]] || continue
+    owner=$(cat "$f" 2>/dev/null) || continue
+    [[ -d $owner ]] || rm -f "$f"
+  done
   while :; do
     p=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo)))
-    [[ $USED_PORTS == *" $p "* ]] && continue
+    [[ $USED_PORTS == *" $p "* || -e $PORTS/$p ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      USED_PORTS+="$p "; out=$p; return
+      echo "$RUN" >"$PORTS/$p"
+      USED_PORTS+="$p "; out=$p
+      exec 8>&-
+      return
     fi
   done
+}
+
+# release_ports: gives back the ports this run holds.
+release_ports() {
+  local f
+  [[ -d $PORTS ]] || return 0
+  for f in "$PORTS"/*; do
+    [[ -f $f && $(cat "$f" 2>/dev/null) == "$RUN" ]] && rm -f "$f"
+  done
+  return 0
 }
 
 # start NAME CMD...: runs in its own session, logs to logs/NAME.log, pid in pids/NAME.pid.
@@ -390,6 +416,7 @@ down() {
     for ((n = 0; n < 50; n++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL "$pid" 2>/dev/null || true
   done
+  release_ports
   rm -rf "$RUN"
 }
 
