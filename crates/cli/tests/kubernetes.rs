@@ -392,45 +392,5 @@ fn pods_kueue_and_lifecycle() {
     assert!(!c.iris(&["job", "list"]).stdout.contains("rack72"));
 
     // A federation hub routes an H100 job to this Kubernetes cluster by what its backend reports.
-    let keys = tempfile::tempdir().expect("keys");
-    let (key, _) = common::init_keys(keys.path(), "hub");
-    let hub = TestCluster::start_with_args(
-        &[common::WorkerSpec::cpu(4)],
-        Some(&format!(
-            "name: hub\nauth:\n  signing_key: file:{}\npeers:\n  k8s:\n    controller_address: {}\n",
-            key.display(),
-            c.url
-        )),
-        &["--federation-heartbeat", "0.5", "--federation-sync-interval", "0.2"],
-    );
-    wait_until(LONG, "the hub to see the Kubernetes peer", || {
-        let o = hub.iris(&["rpc", "controller", "list-peers"]);
-        o.stdout.contains("k8s-h100") && o.stdout.contains("\"reachable\": true")
-    });
-    let o = hub.iris(&[
-        "job",
-        "run",
-        "--no-wait",
-        "--no-bundle",
-        "--job-name",
-        "routed",
-        "--enable-extra-resources",
-        "--gpu",
-        "H100x1",
-        "--",
-        "true",
-    ]);
-    let routed = o
-        .ok()
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    wait_for(LONG, "the routed job to succeed on the hub", || {
-        (hub.summary(&routed)["state"] == "succeeded").then_some(())
-    });
-    assert_eq!(hub.job_status(&routed)["cluster"], "k8s");
-    assert_eq!(c.job_state(&routed).as_deref(), Some("succeeded"));
+    common::hub_routes_a_gpu_job_to(c, "k8s-h100", "H100x1", LONG);
 }

@@ -448,6 +448,124 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
     let leaf0 = gang_nodes.iter().all(|n| *n == "h100-0" || *n == "h100-1");
     let leaf1 = gang_nodes.iter().all(|n| *n == "h100-2" || *n == "h100-3");
     assert!(!gang_nodes.is_empty() && (leaf0 || leaf1), "{ran:?}");
+
+    // Capacity lost after admission (seed 000): with kube-scheduler held, Kueue admits an
+    // H100x8 task and pins it to a node; a pod Kueue does not manage then takes that node's
+    // GPUs. Once the scheduler runs again it cannot bind the pod (node affinity + Insufficient),
+    // and after the grace Iris gives the attempt up as WORKER_FAILED: the task goes back to
+    // PENDING, a new attempt is admitted afresh on another node, and the job succeeds.
+    let paused = SchedulerPaused::new(&env);
+    let full = run(
+        &cluster,
+        "full-node",
+        &["--enable-extra-resources", "--gpu", "H100x8"],
+        &["true"],
+    );
+    let task = format!("{full}/0");
+    let (first_pod, pinned) = wait_for(LONG, "Kueue to admit and pin the H100x8 pod", || {
+        let rows = cluster.attempts(&task);
+        let first = rows.first()?;
+        let id = first["attempt_id"].as_i64().unwrap_or(0) as u32;
+        let uid = first["attempt_uid"].as_str().unwrap_or("");
+        let name = iris_kube_model::manifest::pod_name(&task, id, uid);
+        let got = env.kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "pod",
+            &name,
+            "-o",
+            r"jsonpath={.spec.schedulingGates}|{.spec.nodeSelector.kubernetes\.io/hostname}",
+        ]);
+        let (gates, node) = got.split_once('|')?;
+        (gates.is_empty() && !node.is_empty()).then(|| (name, node.to_string()))
+    });
+    let blocker = env.dir.path().join("blocker.yaml");
+    std::fs::write(
+        &blocker,
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: gpu-blocker, namespace: default}}\nspec:\n  nodeName: {pinned}\n  containers:\n  - name: c\n    image: busybox\n    command: [sleep, '3600']\n    resources:\n      requests: {{nvidia.com/gpu: 8}}\n      limits: {{nvidia.com/gpu: 8}}\n"
+        ),
+    )
+    .expect("blocker manifest");
+    let applied = env.kubectl_out(&["apply", "-f", &blocker.to_string_lossy()]);
+    assert!(
+        applied.status.success(),
+        "blocker: {}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    drop(paused);
+    let states = wait_for(
+        Duration::from_secs(180),
+        "the job to succeed on fresh admission",
+        || {
+            let summary = cluster.summary(&full);
+            (summary["state"] == "succeeded").then(|| attempt_states(&cluster, &task))
+        },
+    );
+    let events = cluster.iris(&["task", "events", &task]);
+    assert_eq!(
+        states,
+        vec![7, 4],
+        "WORKER_FAILED, then SUCCEEDED\nevents: {}\npods: {}",
+        events.stdout,
+        env.kubectl(&["get", "pods", "-A", "-o", "wide"])
+    );
+    assert!(
+        events.ok().contains("CapacityLost")
+            && events.stdout.contains("Insufficient nvidia.com/gpu"),
+        "{}",
+        events.stdout
+    );
+    let reran: Vec<_> = env
+        .ran()
+        .into_iter()
+        .filter(|p| p.name.contains("full-node"))
+        .collect();
+    assert!(
+        !reran.is_empty()
+            && reran
+                .iter()
+                .all(|p| p.node != pinned && p.name != first_pod),
+        "the new attempt ran elsewhere than {pinned}: {reran:?}"
+    );
+    env.kubectl(&[
+        "-n",
+        "default",
+        "delete",
+        "pod",
+        "gpu-blocker",
+        "--grace-period=0",
+        "--force",
+    ]);
+
+    // A federation hub routes an H100 job to this cluster by what its backend reports.
+    common::hub_routes_a_gpu_job_to(&cluster, "k8s-h100", "H100x1", LONG);
+}
+
+/// Holds kube-scheduler stopped (SIGSTOP) until dropped, so that a test can change the cluster
+/// between Kueue's admission of a pod and the scheduler's binding of it.
+struct SchedulerPaused(String);
+
+impl SchedulerPaused {
+    fn new(env: &RealEnv) -> SchedulerPaused {
+        let pid = std::fs::read_to_string(env.run_dir.join("pids/kube-scheduler.pid"))
+            .expect("kube-scheduler's pid file")
+            .trim()
+            .to_string();
+        let stopped = Command::new("kill").args(["-STOP", &pid]).status();
+        assert!(
+            stopped.map(|s| s.success()).unwrap_or(false),
+            "SIGSTOP to kube-scheduler"
+        );
+        SchedulerPaused(pid)
+    }
+}
+
+impl Drop for SchedulerPaused {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+    }
 }
 
 #[test]
@@ -870,7 +988,17 @@ fn bench_pods_and_attempts_through_the_real_api_server() {
             run(
                 &cluster,
                 &format!("bench{j}"),
-                &["--replicas", &n, "--cpu", "0.5", "--memory", "256MiB"],
+                // `--no-sync`: the bare client's manifests below carry no setup steps either,
+                // so both sides send the same requests.
+                &[
+                    "--replicas",
+                    &n,
+                    "--cpu",
+                    "0.5",
+                    "--memory",
+                    "256MiB",
+                    "--no-sync",
+                ],
                 &["true"],
             )
         })

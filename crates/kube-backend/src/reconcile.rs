@@ -168,6 +168,18 @@ impl KubeBackend {
             };
             let obs = lock(&self.state).missing.scan(&name, pod.as_deref(), wl);
             let Some(obs) = obs else { continue };
+            // An admitted pod whose node lost the room Kueue counted on goes back for a fresh
+            // admission (the pod is deleted once the attempt is settled, like any other).
+            let obs = match (&pod, obs.state) {
+                (Some(p), km::status::ObservedState::Building) => {
+                    km::status::capacity_lost_after_admission(
+                        p,
+                        k8s_openapi::jiff::Timestamp::now(),
+                    )
+                    .unwrap_or(obs)
+                }
+                _ => obs,
+            };
             if let Some(ev) = &obs.event {
                 let key = format!("{}:{}", ev.reason, ev.message);
                 let fresh = lock(&self.state)

@@ -11,6 +11,7 @@ use std::fmt;
 
 use iris_types::TaskState;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use k8s_openapi::jiff;
 use serde_json::Value;
 
 use crate::manifest::{KUEUE_POD_GROUP_NAME, KUEUE_QUEUE_NAME, TASK_CONTAINER};
@@ -72,8 +73,10 @@ pub enum Severity {
 /// Which part of Kubernetes an event comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventSource {
-    /// Kueue admission and placement (`k8s/kueue`), including unschedulable pods.
+    /// Kueue admission and placement (`k8s/kueue`).
     Kueue,
+    /// kube-scheduler's verdict on an ungated pod (`k8s/scheduler`), e.g. `Unschedulable`.
+    Scheduler,
     /// The kubelet and container runtime (`k8s/container`).
     Container,
     /// Disruptions, evictions and lost pods (`k8s/disruption`).
@@ -81,10 +84,11 @@ pub enum EventSource {
 }
 
 impl EventSource {
-    /// `k8s/kueue`, `k8s/container` or `k8s/disruption`.
+    /// `k8s/kueue`, `k8s/scheduler`, `k8s/container` or `k8s/disruption`.
     pub fn as_str(self) -> &'static str {
         match self {
             EventSource::Kueue => "k8s/kueue",
+            EventSource::Scheduler => "k8s/scheduler",
             EventSource::Container => "k8s/container",
             EventSource::Disruption => "k8s/disruption",
         }
@@ -453,7 +457,9 @@ fn observe_pending(pod: &Pod, workload: Option<&Value>) -> Observation {
         let reason = c.reason.as_deref().unwrap_or("");
         obs.status_message = reason_message(reason, c.message.as_deref().unwrap_or(""));
         if reason == "Unschedulable" {
-            obs.event = warning(reason, obs.status_message.clone(), EventSource::Kueue);
+            // As the reference attributes it: the scheduler's, not Kueue's (a gated pod's
+            // SchedulingGated condition is Kueue's, below).
+            obs.event = warning(reason, obs.status_message.clone(), EventSource::Scheduler);
         }
     }
     if is_kueue_gated(pod) {
@@ -635,6 +641,52 @@ pub fn observe(pod: &Pod, workload: Option<&Value>) -> Observation {
         "Failed" => observe_failed(pod),
         _ => observe_unknown(pod),
     }
+}
+
+/// How long an admitted pod may stay unbindable for want of the capacity its admission counted
+/// on before [`capacity_lost_after_admission`] gives it up. Long enough for the victims of a
+/// preemption to leave (the preemptor is ungated while they terminate and the scheduler reports
+/// `Insufficient …` meanwhile), short enough that a stuck attempt does not hold its quota long.
+pub const CAPACITY_LOST_GRACE_SECONDS: i64 = 30;
+
+/// A pod that Kueue admitted (managed, no longer gated) and that kube-scheduler has not been
+/// able to bind for [`CAPACITY_LOST_GRACE_SECONDS`] because the node its admission pinned it to
+/// (TAS puts a node selector on it) no longer has the room: the scheduler's verdict names both a
+/// node affinity/selector mismatch and an `Insufficient` resource. Kueue's snapshot was right
+/// when it admitted; something else took the capacity since. The attempt is given up as an
+/// infrastructure failure (WORKER_FAILED, which sends the task back to PENDING without charging
+/// its failure budget) so that a new attempt goes through a fresh admission, as the CoreWeave
+/// runbook describes. Returns `None` for every other pod, and before the grace has passed.
+pub fn capacity_lost_after_admission(pod: &Pod, now: jiff::Timestamp) -> Option<Observation> {
+    let managed =
+        label(pod, KUEUE_QUEUE_NAME).is_some() || label(pod, KUEUE_POD_GROUP_NAME).is_some();
+    if !managed || phase(pod) != "Pending" || node_name(pod).is_some() || is_kueue_gated(pod) {
+        return None;
+    }
+    let c = conditions(pod).iter().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    })?;
+    let message = c.message.as_deref().unwrap_or("");
+    if !(message.contains("affinity/selector") && message.contains("Insufficient ")) {
+        return None;
+    }
+    let since = c.last_transition_time.as_ref()?.0;
+    let waited = now.duration_since(since).as_secs();
+    if waited < CAPACITY_LOST_GRACE_SECONDS {
+        return None;
+    }
+    let text = cap(format!(
+        "CapacityLost: the node Kueue admitted this pod to no longer has room for it \
+         (unschedulable for {waited}s: {message}); returning the task to PENDING for a fresh admission"
+    ));
+    Some(Observation {
+        status_message: text.clone(),
+        error: Some(text.clone()),
+        event: warning("CapacityLost", text, EventSource::Scheduler),
+        ..Observation::new(ObservedState::WorkerFailed, pod)
+    })
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -1020,8 +1072,81 @@ mod tests {
         assert_eq!(o.status_message, "Unschedulable: 0/4 nodes are available");
         assert_eq!(
             event(&o),
-            (Severity::Warning, "Unschedulable", EventSource::Kueue)
+            (Severity::Warning, "Unschedulable", EventSource::Scheduler)
         );
+    }
+
+    #[test]
+    fn an_admitted_pod_whose_node_lost_its_room_is_given_up_after_the_grace() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let since: jiff::Timestamp = "2026-01-01T00:00:00Z".parse().expect("time");
+        let at = |secs: i64| since + jiff::SignedDuration::from_secs(secs);
+        let lost = "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, \
+                    4 node(s) didn't match Pod's node affinity/selector.";
+        let stuck = |message: &str| {
+            let mut p = with_condition(
+                pod("Pending"),
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+                message,
+            );
+            p.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(KUEUE_QUEUE_NAME.into(), "iris".into());
+            if let Some(c) = p
+                .status
+                .as_mut()
+                .and_then(|s| s.conditions.as_mut())
+                .and_then(|c| c.first_mut())
+            {
+                c.last_transition_time = Some(Time(since));
+            }
+            p
+        };
+        // Within the grace (a preemption's victims may still be leaving): nothing yet.
+        assert_eq!(capacity_lost_after_admission(&stuck(lost), at(29)), None);
+        let o = capacity_lost_after_admission(&stuck(lost), at(31)).expect("given up");
+        assert_eq!(o.state, ObservedState::WorkerFailed);
+        assert!(
+            o.status_message.starts_with("CapacityLost: "),
+            "{}",
+            o.status_message
+        );
+        assert!(
+            o.status_message.contains("unschedulable for 31s"),
+            "{}",
+            o.status_message
+        );
+        assert!(o.status_message.contains("Insufficient nvidia.com/gpu"));
+        assert_eq!(
+            event(&o),
+            (Severity::Warning, "CapacityLost", EventSource::Scheduler)
+        );
+        // Not a lost admission: only a resource shortage (no pinned node), a pod Kueue does
+        // not manage, a pod still gated, a bound pod.
+        assert_eq!(
+            capacity_lost_after_admission(
+                &stuck("0/4 nodes are available: 4 Insufficient cpu."),
+                at(99)
+            ),
+            None
+        );
+        let mut unmanaged = stuck(lost);
+        unmanaged.metadata.labels = None;
+        assert_eq!(capacity_lost_after_admission(&unmanaged, at(99)), None);
+        let mut gated = stuck(lost);
+        gated
+            .spec
+            .get_or_insert_with(Default::default)
+            .scheduling_gates = Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+            name: "kueue.x-k8s.io/admission".into(),
+        }]);
+        assert_eq!(capacity_lost_after_admission(&gated, at(99)), None);
+        let mut bound = stuck(lost);
+        bound.spec.get_or_insert_with(Default::default).node_name = Some("h100-0".into());
+        assert_eq!(capacity_lost_after_admission(&bound, at(99)), None);
     }
 
     #[test]

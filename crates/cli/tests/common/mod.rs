@@ -1088,3 +1088,51 @@ s.serve_forever()
 PY
 while [ ! -s port ]; do sleep 0.1; done
 "#;
+
+/// A federation hub (with one CPU worker of its own) in front of `peer`, which it calls `k8s`:
+/// waits until the hub sees the peer reachable with the `lane` it reports, routes a one-GPU
+/// `gpu` job there by what the peer reports, and checks that it succeeded on both sides.
+#[allow(dead_code)]
+pub fn hub_routes_a_gpu_job_to(peer: &TestCluster, lane: &str, gpu: &str, timeout: Duration) {
+    let keys = tempfile::tempdir().expect("keys");
+    let (key, _) = init_keys(keys.path(), "hub");
+    let hub = TestCluster::start_with_args(
+        &[WorkerSpec::cpu(4)],
+        Some(&format!(
+            "name: hub\nauth:\n  signing_key: file:{}\npeers:\n  k8s:\n    controller_address: {}\n",
+            key.display(),
+            peer.url
+        )),
+        &["--federation-heartbeat", "0.5", "--federation-sync-interval", "0.2"],
+    );
+    wait_until(timeout, "the hub to see the Kubernetes peer", || {
+        let o = hub.iris(&["rpc", "controller", "list-peers"]);
+        o.stdout.contains(lane) && o.stdout.contains("\"reachable\": true")
+    });
+    let o = hub.iris(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--no-bundle",
+        "--job-name",
+        "routed",
+        "--enable-extra-resources",
+        "--gpu",
+        gpu,
+        "--",
+        "true",
+    ]);
+    let routed = o
+        .ok()
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    wait_for(timeout, "the routed job to succeed on the hub", || {
+        (hub.summary(&routed)["state"] == "succeeded").then_some(())
+    });
+    assert_eq!(hub.job_status(&routed)["cluster"], "k8s");
+    assert_eq!(peer.summary(&routed)["state"], "succeeded");
+}
