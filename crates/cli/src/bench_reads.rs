@@ -151,14 +151,21 @@ pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     let (fill_s, live_s, rss, hwm, list, describe, state, db) = result?;
-    println!(
-        "{} finished jobs in {:.0} s ({:.0} submit+terminate pairs/s), {} live in {:.1} s",
-        a.finished,
-        fill_s,
-        a.finished as f64 / fill_s.max(1e-9),
-        a.live,
-        live_s
-    );
+    if fill_s.is_nan() {
+        println!(
+            "{} finished and {} live jobs from an earlier fill",
+            a.finished, a.live
+        );
+    } else {
+        println!(
+            "{} finished jobs in {:.0} s ({:.0} submit+terminate pairs/s), {} live in {:.1} s",
+            a.finished,
+            fill_s,
+            a.finished as f64 / fill_s.max(1e-9),
+            a.live,
+            live_s
+        );
+    }
     println!();
     println!(
         "| read ({} calls, one connection) | median ms | p99 ms |",

@@ -97,7 +97,9 @@ pub struct Controller {
     /// Only they get new work: after a restart the DB still lists the previous run's workers,
     /// which may be gone.
     confirmed: Mutex<std::collections::HashSet<String>>,
-    specs: Mutex<HashMap<String, Arc<JobSpec>>>,
+    /// Parsed job specs, most recently used kept: every job's would grow with the DB (a million
+    /// finished jobs' requests), and a miss only costs one row and one decode.
+    specs: Mutex<hashlink::LruCache<String, Arc<JobSpec>>>,
     pending_reasons: Mutex<HashMap<String, String>>,
     generation: std::sync::atomic::AtomicU64,
     advertised: Mutex<String>,
@@ -150,6 +152,9 @@ fn spawn_batcher<T: Send + 'static>(
         })?;
     Ok(())
 }
+
+/// How many jobs' parsed specs the controller keeps in memory (about a kilobyte each).
+const SPEC_CACHE_JOBS: usize = 50_000;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves SQLite consistent (transactions roll back on drop),
@@ -221,7 +226,7 @@ impl Controller {
             workers: Mutex::new(HashMap::new()),
             confirmed: Mutex::new(std::collections::HashSet::new()),
             autoscale: Mutex::new(autoscale::State::default()),
-            specs: Mutex::new(HashMap::new()),
+            specs: Mutex::new(hashlink::LruCache::new(SPEC_CACHE_JOBS)),
             pending_reasons: Mutex::new(HashMap::new()),
             generation: std::sync::atomic::AtomicU64::new(0),
             advertised: Mutex::new(String::new()),
@@ -310,9 +315,20 @@ impl Controller {
         self.upstreams.get_or_init(proxy::Upstreams::new)
     }
 
+    /// Drops a replaced job's cached spec and its children's (a scan of the cache: replacing a
+    /// job is rare).
     fn forget_spec(&self, job_id: &str) {
         let prefix = format!("{job_id}/");
-        lock(&self.specs).retain(|k, _| k != job_id && !k.starts_with(&prefix));
+        let mut specs = lock(&self.specs);
+        let gone: Vec<String> = specs
+            .iter()
+            .map(|(k, _)| k)
+            .filter(|k| *k == job_id || k.starts_with(&prefix))
+            .cloned()
+            .collect();
+        for k in gone {
+            specs.remove(&k);
+        }
     }
 
     /// The controller's URL as workers and clients reach it.

@@ -57,8 +57,15 @@ impl Controller {
                 iris_store::prune::delete_trees(&tx, &roots)?;
                 tx.commit()?;
             }
+            {
+                // The roots' own specs go; their children's age out of the cache (a job id
+                // used again gets its new spec at admission, so nothing stale is read).
+                let mut specs = lock(&self.specs);
+                for r in &roots {
+                    specs.remove(r);
+                }
+            }
             for r in &roots {
-                self.forget_spec(r);
                 self.forget_logs(r);
             }
             total += roots.len();

@@ -132,22 +132,42 @@ pub(crate) fn job(
 }
 
 /// A page of `ListJobs`.
+/// A page of `ListJobs`; `keyset` when the query asked for page tokens.
 pub(crate) fn list_jobs(
     conn: &impl Read,
     filter: &JobFilter,
     reasons: &HashMap<String, String>,
+    keyset: bool,
 ) -> Result<c::ListJobsResponse> {
-    let (rows, total) = iris_store::views::list_jobs(conn, filter)?;
-    let jobs: Vec<job::JobStatus> = rows
+    let page = iris_store::views::list_jobs(conn, filter)?;
+    let next_page_token = match (keyset, page.has_more, page.jobs.last()) {
+        (true, true, Some(last)) => Some(page_token(last.submitted_at_ms, &last.job_id)),
+        _ => None,
+    };
+    let jobs: Vec<job::JobStatus> = page
+        .jobs
         .into_iter()
         .map(|j| job_status(j, reasons, false))
         .collect();
-    let has_more = (filter.offset as i64 + jobs.len() as i64) < total;
     Ok(c::ListJobsResponse {
         jobs,
-        total_count: Some(total as i32),
-        has_more: Some(has_more),
+        total_count: Some(page.total as i32),
+        has_more: Some(page.has_more),
+        next_page_token,
+        total_count_is_lower_bound: page.total_is_lower_bound.then_some(true),
     })
+}
+
+/// A keyset page token: where the listing continues (the last job's submission time and id).
+pub(crate) fn page_token(submitted_at_ms: i64, job_id: &str) -> String {
+    format!("{submitted_at_ms}:{job_id}")
+}
+
+/// The position a [`page_token`] names; `None` for anything this controller did not issue.
+pub(crate) fn parse_page_token(token: &str) -> Option<(i64, String)> {
+    let (ms, id) = token.split_once(':')?;
+    let ms: i64 = ms.parse().ok()?;
+    id.starts_with('/').then(|| (ms, id.to_string()))
 }
 
 pub(crate) fn attempt(a: &AttemptRow) -> job::TaskAttempt {

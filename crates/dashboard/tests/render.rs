@@ -100,6 +100,7 @@ fn jobs_page_with_many_jobs_is_small_escaped_and_well_formed() {
             .collect(),
         total_count: Some(10_000),
         has_more: Some(true),
+        ..Default::default()
     };
     let counts = vec![
         ("pending".to_string(), 9_000),
@@ -236,6 +237,7 @@ fn job_page_shows_tasks_timeline_and_children() {
         }],
         total_count: Some(1),
         has_more: Some(false),
+        ..Default::default()
     };
     let endpoints = vec![c::Endpoint {
         endpoint_id: Some("ep-1".into()),

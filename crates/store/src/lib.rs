@@ -83,10 +83,15 @@ impl Db {
         Ok(Db { conn })
     }
 
-    /// Starts a write transaction.
+    /// Starts a write transaction. `BEGIN IMMEDIATE`: the write lock is taken at the start,
+    /// waiting up to the busy timeout for any other writer, so a transaction that reads before
+    /// it writes never fails on the upgrade (a deferred one gets `database is locked` at once,
+    /// without waiting, when another connection committed after its first read).
     pub fn begin(&mut self) -> Result<Tx<'_>> {
         Ok(Tx {
-            tx: self.conn.transaction()?,
+            tx: self
+                .conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?,
         })
     }
 

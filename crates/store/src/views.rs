@@ -128,10 +128,29 @@ pub struct JobFilter {
     pub ascending: bool,
     pub limit: u32,
     pub offset: u32,
+    /// Keyset paging: only jobs after this `(submitted_at_ms, job_id)` in the listing's order
+    /// (the last job of the previous page), so a page deep in a large table costs one page.
+    pub after: Option<(i64, String)>,
 }
 
-/// A page of jobs and the number of jobs matching the filter.
-pub fn list_jobs(c: &impl Read, f: &JobFilter) -> Result<(Vec<JobRow>, i64)> {
+/// Counting the jobs that match a filter stops here: past it [`list_jobs`] reports this many and
+/// says the figure is a lower bound (counting a million rows would cost far more than the page).
+pub const JOB_COUNT_CAP: i64 = 10_000;
+
+/// A page of jobs.
+#[derive(Clone, Debug)]
+pub struct JobPage {
+    pub jobs: Vec<JobRow>,
+    /// How many jobs match the filter (all pages), at most [`JOB_COUNT_CAP`].
+    pub total: i64,
+    /// True when the count stopped at [`JOB_COUNT_CAP`]: at least that many match.
+    pub total_is_lower_bound: bool,
+    /// True when more jobs follow this page.
+    pub has_more: bool,
+}
+
+/// A page of jobs, newest first unless `ascending`, with a bounded count of the matches.
+pub fn list_jobs(c: &impl Read, f: &JobFilter) -> Result<JobPage> {
     let c = c.raw();
     let mut where_ = vec!["1=1".to_string()];
     let mut args: Vec<rusqlite::types::Value> = Vec::new();
@@ -155,24 +174,53 @@ pub fn list_jobs(c: &impl Read, f: &JobFilter) -> Result<(Vec<JobRow>, i64)> {
         where_.push(format!("j.parent_job_id = ?{}", args.len()));
     }
     let w = where_.join(" AND ");
-    let total: i64 = c.query_row(
-        &format!("SELECT count(*) FROM jobs j WHERE {w}"),
+    let counted: i64 = c.query_row(
+        &format!(
+            "SELECT count(*) FROM (SELECT 1 FROM jobs j WHERE {w} LIMIT {})",
+            JOB_COUNT_CAP + 1
+        ),
         rusqlite::params_from_iter(args.iter()),
         |r| r.get(0),
     )?;
     let dir = if f.ascending { "ASC" } else { "DESC" };
+    let mut page_where = w;
+    if let Some((ms, id)) = &f.after {
+        // The listing's order is (submitted_at_ms in `dir`, job_id ascending); `ms <=` (or `>=`)
+        // first lets the submitted_at index bound the range.
+        let (cmp, strict) = if f.ascending {
+            (">=", ">")
+        } else {
+            ("<=", "<")
+        };
+        args.push((*ms).into());
+        let m = args.len();
+        args.push(id.clone().into());
+        let i = args.len();
+        page_where.push_str(&format!(
+            " AND j.submitted_at_ms {cmp} ?{m} AND (j.submitted_at_ms {strict} ?{m} OR j.job_id > ?{i})"
+        ));
+    }
+    // One row past the page says whether more follow, whatever the count says.
     let sql = format!(
-        "SELECT {JOB_COLS} FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE {w}
+        "SELECT {JOB_COLS} FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE {page_where}
          ORDER BY j.submitted_at_ms {dir}, j.job_id LIMIT {} OFFSET {}",
-        f.limit, f.offset
+        u64::from(f.limit) + 1,
+        f.offset
     );
     let mut st = c.prepare(&sql)?;
     let rows = st.query_map(rusqlite::params_from_iter(args.iter()), job_from_row)?;
     let mut jobs: Vec<JobRow> = rows.collect::<rusqlite::Result<_>>()?;
+    let has_more = jobs.len() > f.limit as usize;
+    jobs.truncate(f.limit as usize);
     for j in &mut jobs {
         finish_job(c, j)?;
     }
-    Ok((jobs, total))
+    Ok(JobPage {
+        jobs,
+        total: counted.min(JOB_COUNT_CAP),
+        total_is_lower_bound: counted > JOB_COUNT_CAP,
+        has_more,
+    })
 }
 
 /// One attempt of a task.
@@ -303,4 +351,103 @@ pub fn tasks_of_job(c: &impl Read, job_id: &str) -> Result<Vec<TaskRow>> {
         t.attempts = attempts_raw(c, &t.task_id)?;
     }
     Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::{insert_job, NewJob};
+    use crate::Db;
+
+    fn filter(prefix: &str, ascending: bool, after: Option<(i64, String)>) -> JobFilter {
+        JobFilter {
+            state: None,
+            id_prefix: prefix.into(),
+            name_contains: String::new(),
+            parent_job_id: String::new(),
+            ascending,
+            limit: 500,
+            offset: 0,
+            after,
+        }
+    }
+
+    /// Every job under `prefix`, page by page through the keyset.
+    fn walk(db: &Db, prefix: &str, ascending: bool) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = list_jobs(db, &filter(prefix, ascending, after.clone())).expect("page");
+            after = page
+                .jobs
+                .last()
+                .map(|j| (j.submitted_at_ms, j.job_id.clone()));
+            seen.extend(page.jobs.into_iter().map(|j| j.job_id));
+            if !page.has_more {
+                return seen;
+            }
+        }
+    }
+
+    #[test]
+    fn keyset_pages_cover_every_job_once_and_the_count_stops_at_its_cap() {
+        let mut db = Db::open_in_memory().expect("db");
+        let n = JOB_COUNT_CAP as usize + 50;
+        let tx = db.begin().expect("tx");
+        let mut order = Vec::new();
+        for i in 0..n {
+            let user = if i % 3 == 0 { "a" } else { "b" };
+            let id = format!("/{user}/job-{i:05}");
+            let j = NewJob {
+                job_id: id.clone(),
+                user_id: user.into(),
+                submitting_user: user.into(),
+                root_job_id: id.clone(),
+                depth: 1,
+                ..Default::default()
+            };
+            // Equal submission times would be broken by job id; insert_job keeps them apart.
+            insert_job(&tx, &j, 1_000).expect("insert");
+            order.push(id);
+        }
+        tx.commit().expect("commit");
+
+        // Newest 50: the count stops at the cap and says so; more follow.
+        let mut newest = filter("", false, None);
+        newest.limit = 50;
+        let page = list_jobs(&db, &newest).expect("newest");
+        assert_eq!(page.jobs.len(), 50);
+        assert_eq!(page.jobs[0].job_id, order[n - 1]);
+        assert_eq!(
+            (page.total, page.total_is_lower_bound),
+            (JOB_COUNT_CAP, true)
+        );
+        assert!(page.has_more);
+
+        // Newest first, past the 5,000 an offset reaches: every job once, in order.
+        let desc = walk(&db, "", false);
+        let mut expected = order.clone();
+        expected.reverse();
+        assert_eq!(desc, expected);
+
+        // Oldest first, with a filter: the filter and the keyset together.
+        let a: Vec<String> = order
+            .iter()
+            .filter(|id| id.starts_with("/a/"))
+            .cloned()
+            .collect();
+        assert_eq!(walk(&db, "/a/", true), a);
+        let counted = list_jobs(&db, &filter("/a/", true, None)).expect("a");
+        assert_eq!(
+            (counted.total, counted.total_is_lower_bound),
+            (a.len() as i64, false),
+            "under the cap the count is exact"
+        );
+
+        // The last page says no more.
+        let mut last = filter("", true, None);
+        last.offset = (n - 10) as u32;
+        let page = list_jobs(&db, &last).expect("last");
+        assert_eq!((page.jobs.len(), page.has_more), (10, false));
+    }
 }

@@ -405,18 +405,26 @@ pub(crate) async fn run(j: JobCmd, url: Option<String>) -> anyhow::Result<i32> {
             let cl = controller_client(&url)?;
             let mut jobs = Vec::new();
             let mut offset = 0;
+            // Offsets stop at 5,000 (as the reference's do): a longer listing pages by token,
+            // which only this controller issues, so a short one stays plain for any controller.
+            let mut token = (limit > 5000).then(String::new);
             loop {
                 let q = c::JobQuery {
                     state_filter: state.clone().unwrap_or_default(),
                     job_id_prefix: prefix.clone().unwrap_or_default(),
-                    offset,
+                    offset: if token.is_some() { 0 } else { offset },
                     limit: limit.clamp(1, 500),
+                    page_token: token.clone(),
                     ..Default::default()
                 };
                 let r: c::ListJobsResponse =
                     call(&cl, "ListJobs", &c::ListJobsRequest { query: Some(q) }).await?;
                 offset += r.jobs.len() as i32;
-                let more = r.has_more();
+                let mut more = r.has_more();
+                if token.is_some() {
+                    token = r.next_page_token.clone();
+                    more = more && token.is_some();
+                }
                 jobs.extend(r.jobs);
                 if !more || jobs.len() as i32 >= limit {
                     break;

@@ -183,7 +183,7 @@ pub fn jobs_page(
                     table.jobs {
                         caption {
                             "Jobs, newest first: "
-                            @if shown == 0 { "none match" } @else { (first + 1) "–" (first + shown) " of " (r.total_count()) }
+                            @if shown == 0 { "none match" } @else { (first + 1) "–" (first + shown) " of " (r.total_count()) @if r.total_count_is_lower_bound() { "+" } }
                         }
                         thead { tr {
                             th scope="col" { "Job" }
