@@ -201,6 +201,9 @@ pub(crate) async fn start_worker(
 }
 
 async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Result<i32> {
+    if a.jobs == 0 {
+        anyhow::bail!("--jobs: give at least 1 job to time");
+    }
     let w = start_worker(url, dir).await?;
     let cl = iris_rpc::Client::new(url)?;
     let mut lat = Vec::new();
@@ -236,11 +239,13 @@ async fn latency(url: &str, dir: &std::path::Path, a: LatencyArgs) -> anyhow::Re
     }
     lat.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let at = |q: usize| ms(lat[(lat.len() * q / 100).min(lat.len() - 1)]);
     println!(
-        "submit-to-succeeded latency over {} trivial jobs: median {:.1} ms  p90 {:.1} ms  max {:.1} ms",
+        "submit-to-succeeded latency over {} trivial jobs: median {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
         lat.len(),
-        ms(lat[lat.len() / 2]),
-        ms(lat[lat.len() * 9 / 10]),
+        at(50),
+        at(90),
+        at(99),
         ms(lat[lat.len() - 1])
     );
     w.shutdown().await;
