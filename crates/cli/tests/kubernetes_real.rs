@@ -29,6 +29,9 @@ struct RealEnv {
     agent: Option<NodeAgent>,
     rt: tokio::runtime::Runtime,
     dir: tempfile::TempDir,
+    /// Control-plane processes a test started again itself (stopped by `down` through their pid
+    /// files, reaped here).
+    restarted: std::sync::Mutex<Vec<std::process::Child>>,
 }
 
 impl RealEnv {
@@ -81,6 +84,11 @@ impl Drop for RealEnv {
             .arg("down")
             .env("IRIS_K8S_RUN_DIR", &self.run_dir)
             .status();
+        let restarted = self.restarted.get_mut().map(std::mem::take);
+        for mut child in restarted.unwrap_or_default() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -121,6 +129,7 @@ fn start_env_with(vars: &[(&str, &str)], mode: AgentMode) -> RealEnv {
         agent: None,
         rt: tokio::runtime::Runtime::new().expect("runtime"),
         dir,
+        restarted: Default::default(),
     };
     let out = Command::new("bash")
         .arg(script())
@@ -494,7 +503,7 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
         "blocker: {}",
         String::from_utf8_lossy(&applied.stderr)
     );
-    drop(paused);
+    paused.restart(&env);
     let states = wait_for(
         Duration::from_secs(180),
         "the job to succeed on fresh admission",
@@ -543,13 +552,21 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
     common::hub_routes_a_gpu_job_to(&cluster, "k8s-h100", "H100x1", LONG);
 }
 
-/// Holds kube-scheduler stopped (SIGSTOP) until dropped, so that a test can change the cluster
-/// between Kueue's admission of a pod and the scheduler's binding of it.
-struct SchedulerPaused(String);
+/// Holds kube-scheduler stopped (SIGSTOP), so that a test can change the cluster between Kueue's
+/// admission of a pod and the scheduler's binding of it. [`SchedulerPaused::restart`] replaces
+/// it with a fresh scheduler with the same command line: a fresh one lists every pod before it
+/// schedules any, where a resumed one may bind a pod before its watch delivers a change made
+/// while it was stopped. Dropped without a restart (a failing test), it is resumed.
+struct SchedulerPaused {
+    pid: String,
+    pid_file: PathBuf,
+    log: PathBuf,
+}
 
 impl SchedulerPaused {
     fn new(env: &RealEnv) -> SchedulerPaused {
-        let pid = std::fs::read_to_string(env.run_dir.join("pids/kube-scheduler.pid"))
+        let pid_file = env.run_dir.join("pids/kube-scheduler.pid");
+        let pid = std::fs::read_to_string(&pid_file)
             .expect("kube-scheduler's pid file")
             .trim()
             .to_string();
@@ -558,13 +575,51 @@ impl SchedulerPaused {
             stopped.map(|s| s.success()).unwrap_or(false),
             "SIGSTOP to kube-scheduler"
         );
-        SchedulerPaused(pid)
+        SchedulerPaused {
+            pid,
+            pid_file,
+            log: env.run_dir.join("logs/kube-scheduler.log"),
+        }
+    }
+
+    /// Stops the paused scheduler and starts it again, recording the new pid where
+    /// `scripts/k8s-testenv.sh down` finds it (`env` reaps it once stopped).
+    fn restart(self, env: &RealEnv) {
+        use std::os::unix::process::CommandExt;
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.pid)).expect("cmdline");
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let killed = Command::new("kill").args(["-KILL", &self.pid]).status();
+        assert!(
+            killed.map(|s| s.success()).unwrap_or(false),
+            "SIGKILL to kube-scheduler"
+        );
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .expect("scheduler log");
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("starting kube-scheduler again");
+        std::fs::write(&self.pid_file, child.id().to_string()).expect("pid file");
+        env.restarted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child);
+        std::mem::forget(self);
     }
 }
 
 impl Drop for SchedulerPaused {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        let _ = Command::new("kill").args(["-CONT", &self.pid]).status();
     }
 }
 

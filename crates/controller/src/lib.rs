@@ -115,6 +115,9 @@ pub struct Controller {
     observations: observe::Sender,
     /// The reconcile loops' reader for desired sets (WAL: never waits for the writer).
     reconcile_reader: Mutex<Db>,
+    /// The read RPCs' connection (job and task status, listings): each reads in one WAL read
+    /// transaction, so it neither waits behind a commit nor holds one up.
+    rpc_reader: Mutex<Db>,
     /// The HTTP clients `/proxy` forwards with (kept for their connection pools), built on the
     /// first proxied request: most controllers never proxy, and building them reads the system's
     /// CA roots.
@@ -167,6 +170,11 @@ impl Controller {
         lock(&self.db)
     }
 
+    /// The read RPCs' connection; read in one `begin_read` transaction on it.
+    fn reader(&self) -> MutexGuard<'_, Db> {
+        lock(&self.rpc_reader)
+    }
+
     /// Opens the state dir's databases.
     pub fn open(cfg: ControllerConfig) -> anyhow::Result<Arc<Controller>> {
         std::fs::create_dir_all(&cfg.state_dir)
@@ -199,6 +207,7 @@ impl Controller {
         let snap = Db::open(&db_path).context("opening snapshot connection")?;
         let endpoint_db = Db::open(&db_path).context("opening endpoint connection")?;
         let reconcile_reader = Db::open(&db_path).context("opening the reconcile reader")?;
+        let rpc_reader = Db::open(&db_path).context("opening the RPC reader")?;
         let (admissions, admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
         let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
@@ -237,6 +246,7 @@ impl Controller {
             admissions,
             observations,
             reconcile_reader: Mutex::new(reconcile_reader),
+            rpc_reader: Mutex::new(rpc_reader),
             upstreams: std::sync::OnceLock::new(),
             metrics: metrics::Metrics::new(),
         });

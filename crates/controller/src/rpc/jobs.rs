@@ -14,13 +14,14 @@ impl Controller {
         &self,
         req: c::GetJobStatusRequest,
     ) -> Result<c::GetJobStatusResponse> {
-        let conn = self.db();
+        let reader = self.reader();
+        let conn = reader.begin_read()?;
         let reasons = lock(&self.pending_reasons);
-        let mut job = views::job(&*conn, &req.job_id, &reasons)?
+        let mut job = views::job(&conn, &req.job_id, &reasons)?
             .ok_or_else(|| Error::not_found(format!("job {} not found", req.job_id)))?;
-        self.decorate_federated(&*conn, &mut job)?;
+        self.decorate_federated(&conn, &mut job)?;
         let request = self
-            .spec(&*conn, &req.job_id)?
+            .spec(&conn, &req.job_id)?
             .map(|s| views::wire_request(s.request.clone()));
         Ok(c::GetJobStatusResponse {
             job: Some(job),
@@ -32,10 +33,11 @@ impl Controller {
         &self,
         req: c::GetJobStateRequest,
     ) -> Result<c::GetJobStateResponse> {
-        let conn = self.db();
+        let reader = self.reader();
+        let conn = reader.begin_read()?;
         let mut states = std::collections::BTreeMap::new();
         for id in req.job_ids {
-            if let Some(s) = iris_store::jobs::job_state_of(&*conn, &id)? {
+            if let Some(s) = iris_store::jobs::job_state_of(&conn, &id)? {
                 states.insert(id, s.code());
             }
         }
@@ -136,7 +138,8 @@ impl Controller {
         } else {
             q.limit
         };
-        let conn = self.db();
+        let reader = self.reader();
+        let conn = reader.begin_read()?;
         let reasons = lock(&self.pending_reasons);
         let filter = iris_store::views::JobFilter {
             state,
@@ -149,9 +152,9 @@ impl Controller {
             offset: q.offset as u32,
             after,
         };
-        let mut resp = views::list_jobs(&*conn, &filter, &reasons, q.page_token.is_some())?;
+        let mut resp = views::list_jobs(&conn, &filter, &reasons, q.page_token.is_some())?;
         for j in &mut resp.jobs {
-            self.decorate_federated(&*conn, j)?;
+            self.decorate_federated(&conn, j)?;
         }
         Ok(resp)
     }

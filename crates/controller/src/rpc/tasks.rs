@@ -14,15 +14,17 @@ impl Controller {
         req: c::GetTaskStatusRequest,
     ) -> Result<c::GetTaskStatusResponse> {
         TaskId::parse(&req.task_id).map_err(|e| Error::invalid(format!("task_id: {e}")))?;
-        let conn = self.db();
+        let reader = self.reader();
+        let conn = reader.begin_read()?;
         let reasons = lock(&self.pending_reasons);
-        let task = views::task(&*conn, &req.task_id, &reasons)?
+        let task = views::task(&conn, &req.task_id, &reasons)?
             .ok_or_else(|| Error::not_found(format!("task {} not found", req.task_id)))?;
         let mut task = [task];
         let job_id = req.task_id.rsplit_once('/').map(|x| x.0).unwrap_or("");
-        let job_resources = self.job_resources(&*conn, job_id)?;
+        let job_resources = self.job_resources(&conn, job_id)?;
         drop(reasons);
         drop(conn);
+        drop(reader);
         self.fill_usage(&mut task);
         let [task] = task;
         let failed = matches!(
@@ -89,14 +91,16 @@ impl Controller {
         &self,
         req: c::ListTasksRequest,
     ) -> Result<c::ListTasksResponse> {
-        let conn = self.db();
-        if iris_store::jobs::job_state_of(&*conn, &req.job_id)?.is_none() {
+        let reader = self.reader();
+        let conn = reader.begin_read()?;
+        if iris_store::jobs::job_state_of(&conn, &req.job_id)?.is_none() {
             return Err(Error::not_found(format!("job {} not found", req.job_id)));
         }
         let reasons = lock(&self.pending_reasons);
-        let mut tasks = views::tasks_of_job(&*conn, &req.job_id, &reasons)?;
+        let mut tasks = views::tasks_of_job(&conn, &req.job_id, &reasons)?;
         drop(reasons);
         drop(conn);
+        drop(reader);
         self.fill_usage(&mut tasks);
         Ok(c::ListTasksResponse { tasks })
     }
