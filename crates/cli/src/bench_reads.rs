@@ -88,16 +88,17 @@ pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
     let mut child = crate::bench_memory::spawn_controller(&dir)?;
     let result = async {
         let url = wait_url(&dir, &mut child)?;
-        let (fill_s, live_s) = if reuse {
+        // `None`: the DB of an earlier fill, nothing timed.
+        let fill = if reuse {
             println!("reusing the DB in {}", dir.display());
-            (f64::NAN, f64::NAN)
+            None
         } else {
             let t = Instant::now();
             crate::bench_checkpoint::fill(&url, a.finished, a.clients).await?;
             let fill_s = t.elapsed().as_secs_f64();
             let live_s = crate::bench_memory::submit(&url, a.live, a.clients).await?;
             std::fs::write(dir.join(FILLED), &counts)?;
-            (fill_s, live_s)
+            Some((fill_s, live_s))
         };
         // Let the tick and the allocator settle.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -142,7 +143,7 @@ pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
             + std::fs::metadata(dir.join("controller.sqlite3-wal"))
                 .map(|m| m.len())
                 .unwrap_or(0);
-        Ok::<_, anyhow::Error>((fill_s, live_s, rss, hwm, list, describe, state, db))
+        Ok::<_, anyhow::Error>((fill, rss, hwm, list, describe, state, db))
     }
     .await;
     let _ = child.kill();
@@ -150,21 +151,20 @@ pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
     if a.state_dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let (fill_s, live_s, rss, hwm, list, describe, state, db) = result?;
-    if fill_s.is_nan() {
-        println!(
+    let (fill, rss, hwm, list, describe, state, db) = result?;
+    match fill {
+        None => println!(
             "{} finished and {} live jobs from an earlier fill",
             a.finished, a.live
-        );
-    } else {
-        println!(
+        ),
+        Some((fill_s, live_s)) => println!(
             "{} finished jobs in {:.0} s ({:.0} submit+terminate pairs/s), {} live in {:.1} s",
             a.finished,
             fill_s,
             a.finished as f64 / fill_s.max(1e-9),
             a.live,
             live_s
-        );
+        ),
     }
     println!();
     println!(

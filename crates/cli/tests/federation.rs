@@ -69,13 +69,7 @@ fn run(c: &TestCluster, name: &str, flags: &[&str], cmd: &[&str]) -> String {
     args.push("--");
     args.extend_from_slice(cmd);
     let o = c.iris(&args);
-    o.ok()
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("")
-        .trim()
-        .to_string()
+    o.job_id()
 }
 
 fn peers(hub: &TestCluster) -> Value {

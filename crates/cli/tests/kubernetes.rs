@@ -83,13 +83,7 @@ impl Env {
         args.push("--");
         args.extend_from_slice(cmd);
         let o = self.cluster.iris(&args);
-        o.ok()
-            .trim()
-            .lines()
-            .last()
-            .unwrap_or("")
-            .trim()
-            .to_string()
+        o.job_id()
     }
 
     fn wait_state(&self, job: &str, state: &str) -> Value {

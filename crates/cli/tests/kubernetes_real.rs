@@ -99,13 +99,7 @@ fn run(cluster: &TestCluster, name: &str, flags: &[&str], cmd: &[&str]) -> Strin
     args.push("--");
     args.extend_from_slice(cmd);
     let o = cluster.iris(&args);
-    o.ok()
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("")
-        .trim()
-        .to_string()
+    o.job_id()
 }
 
 /// Waits for the job to end; returns its summary.
@@ -268,14 +262,7 @@ fn cpu_job_through_real_kueue_and_scheduler() {
             "cat pkg/data.txt",
         ],
     );
-    let bundled = o
-        .ok()
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let bundled = o.job_id();
     let summary = finish(&cluster, &bundled);
     assert_eq!(
         summary["state"],
@@ -472,11 +459,7 @@ fn gpu_job_and_leafgroup_gang_through_real_kueue() {
     );
     let task = format!("{full}/0");
     let (first_pod, pinned) = wait_for(LONG, "Kueue to admit and pin the H100x8 pod", || {
-        let rows = cluster.attempts(&task);
-        let first = rows.first()?;
-        let id = first["attempt_id"].as_i64().unwrap_or(0) as u32;
-        let uid = first["attempt_uid"].as_str().unwrap_or("");
-        let name = iris_kube_model::manifest::pod_name(&task, id, uid);
+        let name = first_pod_name(&cluster, &task)?;
         let got = env.kubectl(&[
             "-n",
             NS,
@@ -829,14 +812,19 @@ fn attempt_states(cluster: &TestCluster, task: &str) -> Vec<i64> {
         .collect()
 }
 
+/// The pod name of the first attempt of `task`, once it has one.
+fn first_pod_name(cluster: &TestCluster, task: &str) -> Option<String> {
+    let rows = cluster.attempts(task);
+    let first = rows.first()?;
+    let id = first["attempt_id"].as_i64().unwrap_or(0) as u32;
+    let uid = first["attempt_uid"].as_str().unwrap_or("");
+    Some(iris_kube_model::manifest::pod_name(task, id, uid))
+}
+
 /// The pod the agent ran for the first attempt of `task`.
 fn pod_of(env: &RealEnv, cluster: &TestCluster, task: &str) -> iris_kube_testkit::RanPod {
     wait_for(LONG, &format!("the pod of {task} to run"), || {
-        let rows = cluster.attempts(task);
-        let first = rows.first()?;
-        let id = first["attempt_id"].as_i64().unwrap_or(0) as u32;
-        let uid = first["attempt_uid"].as_str().unwrap_or("").to_string();
-        let name = iris_kube_model::manifest::pod_name(task, id, &uid);
+        let name = first_pod_name(cluster, task)?;
         env.ran().into_iter().find(|p| p.name == name)
     })
 }

@@ -270,10 +270,13 @@ fn init_failure(pod: &Pod) -> Option<(String, String)> {
     })
 }
 
+/// A pod Kueue manages (a queue or pod-group label).
+fn is_kueue_managed(pod: &Pod) -> bool {
+    label(pod, KUEUE_QUEUE_NAME).is_some() || label(pod, KUEUE_POD_GROUP_NAME).is_some()
+}
+
 /// A Kueue-managed pod still held by a scheduling gate.
 fn is_kueue_gated(pod: &Pod) -> bool {
-    let managed =
-        label(pod, KUEUE_QUEUE_NAME).is_some() || label(pod, KUEUE_POD_GROUP_NAME).is_some();
     let gates = pod
         .spec
         .as_ref()
@@ -282,7 +285,7 @@ fn is_kueue_gated(pod: &Pod) -> bool {
     let gated_condition = conditions(pod)
         .iter()
         .any(|c| c.status == "False" && c.reason.as_deref() == Some("SchedulingGated"));
-    managed && (gates || gated_condition)
+    is_kueue_managed(pod) && (gates || gated_condition)
 }
 
 fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
@@ -649,18 +652,15 @@ pub fn observe(pod: &Pod, workload: Option<&Value>) -> Observation {
 /// `Insufficient …` meanwhile), short enough that a stuck attempt does not hold its quota long.
 pub const CAPACITY_LOST_GRACE_SECONDS: i64 = 30;
 
-/// A pod that Kueue admitted (managed, no longer gated) and that kube-scheduler has not been
-/// able to bind for [`CAPACITY_LOST_GRACE_SECONDS`] because the node its admission pinned it to
-/// (TAS puts a node selector on it) no longer has the room: the scheduler's verdict names both a
-/// node affinity/selector mismatch and an `Insufficient` resource. Kueue's snapshot was right
-/// when it admitted; something else took the capacity since. The attempt is given up as an
-/// infrastructure failure (WORKER_FAILED, which sends the task back to PENDING without charging
-/// its failure budget) so that a new attempt goes through a fresh admission, as the CoreWeave
-/// runbook describes. Returns `None` for every other pod, and before the grace has passed.
+/// A pod Kueue admitted (managed, ungated) that kube-scheduler has not bound for
+/// [`CAPACITY_LOST_GRACE_SECONDS`] because the node its admission pinned it to (TAS's node
+/// selector) lost the room since: the verdict names both a node affinity/selector mismatch and an
+/// `Insufficient` resource. The attempt is given up as WORKER_FAILED (back to PENDING, failure
+/// budget not charged) so that a new attempt is admitted afresh, as the CoreWeave runbook
+/// describes. `None` for every other pod, and before the grace has passed.
 pub fn capacity_lost_after_admission(pod: &Pod, now: jiff::Timestamp) -> Option<Observation> {
-    let managed =
-        label(pod, KUEUE_QUEUE_NAME).is_some() || label(pod, KUEUE_POD_GROUP_NAME).is_some();
-    if !managed || phase(pod) != "Pending" || node_name(pod).is_some() || is_kueue_gated(pod) {
+    let waiting = phase(pod) == "Pending" && node_name(pod).is_none();
+    if !waiting || !is_kueue_managed(pod) || is_kueue_gated(pod) {
         return None;
     }
     let c = conditions(pod).iter().find(|c| {

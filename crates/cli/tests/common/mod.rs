@@ -100,6 +100,20 @@ impl Out {
         &self.stdout
     }
 
+    /// Asserts exit 0 and returns the job id `iris job run --no-wait` printed (its last line;
+    /// a bundled submission prints what it bundled first).
+    #[track_caller]
+    #[allow(dead_code)]
+    pub fn job_id(&self) -> String {
+        self.ok()
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    }
+
     /// Asserts a non-zero exit and returns stderr.
     #[track_caller]
     pub fn err(&self) -> &str {
@@ -1122,14 +1136,7 @@ pub fn hub_routes_a_gpu_job_to(peer: &TestCluster, lane: &str, gpu: &str, timeou
         "--",
         "true",
     ]);
-    let routed = o
-        .ok()
-        .trim()
-        .lines()
-        .last()
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let routed = o.job_id();
     wait_for(timeout, "the routed job to succeed on the hub", || {
         (hub.summary(&routed)["state"] == "succeeded").then_some(())
     });
