@@ -471,9 +471,11 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
         &hub,
         "urgent",
         &["--enable-extra-resources", "--gpu", "H100x8"],
-        &["sleep", "0.5"],
+        &["sleep", "300"],
     );
-    wait_state(&hub, &urgent, "succeeded");
+    // It keeps running through the checks below: once it ends, its GPUs are free on cw-a until
+    // the preempted BATCH attempt is placed again, and the hub may rightly hand `waits` off then.
+    wait_state(&hub, &urgent, "running");
     let preempted = fill
         .iter()
         .flat_map(|j| a.attempts_under(j))
@@ -495,6 +497,8 @@ fn capacity_reclaim_ledger_and_queued_cancel() {
         hub.job_status(&waits)["error"] == "Cancelled before handoff",
         "{v}"
     );
+    hub.iris(&["job", "cancel", &urgent]).ok();
+    wait_state(&hub, &urgent, "killed");
     for j in &fill {
         a.iris(&["job", "cancel", j]).ok();
     }
