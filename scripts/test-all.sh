@@ -16,5 +16,8 @@ for t in jq openssl curl; do
     command -v "$t" >/dev/null || { apt-get update && apt-get install -y jq openssl curl; break; }
 done
 bash scripts/k8s-testenv.sh build
+# The published Python Iris at exact pins: the real-Kubernetes test drives its CLI against our
+# controller deployed into the test cluster; the compatibility suite below uses it throughout.
+bash tests/compat/venv.sh
 cargo test --workspace --all-targets
 bash tests/compat/run.sh

@@ -18,6 +18,7 @@ mod config;
 mod dry_run;
 mod keys;
 mod kube_config;
+mod kube_deploy;
 mod lifecycle;
 mod local;
 mod output;
@@ -556,7 +557,47 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             a.config = target::selected_config(cli.config.as_deref(), cli.cluster.as_deref())?
                 .map(|(path, _)| path);
         }
+        if let (false, Some(path)) = (a.local, a.config.as_deref()) {
+            if kube_deploy::is_kubernetes(&config::load(path)?) {
+                let opts = kube_deploy::DeployOpts {
+                    fresh: a.fresh,
+                    timeout: kube_deploy::AVAILABLE_WAIT,
+                };
+                return kube_deploy::start(path, opts).await;
+            }
+        }
         return local::start(a).await;
+    }
+    // A controller in a Kubernetes cluster is stopped and restarted through the API server.
+    let in_cluster = matches!(
+        &cli.cmd,
+        Cmd::Cluster(ClusterCmd::Stop(_))
+            | Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Restart(_)))
+    );
+    let kube_config = match in_cluster {
+        true => target::selected_config(cli.config.as_deref(), cli.cluster.as_deref())?
+            .filter(|(_, cfg)| kube_deploy::is_kubernetes(cfg))
+            .map(|(path, _)| path),
+        false => None,
+    };
+    if let Some(path) = kube_config {
+        match &cli.cmd {
+            Cmd::Cluster(ClusterCmd::Stop(a)) => return kube_deploy::stop(&path, a.dry_run).await,
+            Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Restart(a))) if a.rollback => {
+                return kube_deploy::rollback(&path, kube_deploy::AVAILABLE_WAIT).await;
+            }
+            Cmd::Cluster(ClusterCmd::Controller(ControllerCmd::Restart(a))) => {
+                let o = kube_deploy::RestartOpts {
+                    image: Some(a.image.clone()),
+                    prebuilt_tag: a.prebuilt_tag.clone(),
+                    skip_checkpoint: a.skip_checkpoint,
+                    checkpoint_timeout: std::time::Duration::from_secs(a.checkpoint_timeout.max(1)),
+                    timeout: kube_deploy::AVAILABLE_WAIT,
+                };
+                return kube_deploy::restart(&path, o).await;
+            }
+            _ => {}
+        }
     }
     if let Cmd::Cluster(ClusterCmd::List) = cli.cmd {
         return Ok(cmd::cluster::list());

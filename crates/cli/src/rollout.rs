@@ -77,7 +77,7 @@ async fn begin(cl: &iris_rpc::Client) -> anyhow::Result<c::BeginCheckpointRespon
     begin_within(cl, Duration::from_secs(600)).await
 }
 
-async fn begin_within(
+pub(crate) async fn begin_within(
     cl: &iris_rpc::Client,
     timeout: Duration,
 ) -> anyhow::Result<c::BeginCheckpointResponse> {

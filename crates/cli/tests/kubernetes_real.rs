@@ -155,6 +155,11 @@ fn start_env_with(vars: &[(&str, &str)], mode: AgentMode) -> RealEnv {
             AgentOptions {
                 kubelet: Some(kubelet),
                 mode,
+                // The controller Deployment's container runs this build's `iris`.
+                bin_dirs: vec![Path::new(common::IRIS)
+                    .parent()
+                    .expect("iris binary dir")
+                    .to_path_buf()],
             },
         ))
         .expect("node agent");
@@ -1175,4 +1180,293 @@ fn bench_pods_and_attempts_through_the_real_api_server() {
         (seen.len() as f64 / applied_s) / (applied as f64 / bare_s)
     );
     assert_eq!(done, ids.len());
+}
+
+/// The built kubectl's path (the API server's own version).
+fn kubectl_bin() -> PathBuf {
+    let bin = Command::new("bash")
+        .arg(script())
+        .arg("bin")
+        .output()
+        .expect("k8s-testenv.sh bin");
+    Path::new(String::from_utf8_lossy(&bin.stdout).trim()).join("kubectl")
+}
+
+/// The published package's venv (`tests/compat/venv.sh` creates it; `scripts/test-all.sh` runs
+/// that before the Rust tests).
+fn published_venv() -> PathBuf {
+    let venv = std::env::var("IRIS_COMPAT_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-compat"));
+    assert!(
+        venv.join("bin/iris").is_file(),
+        "the published CLI is not at {}: run `bash tests/compat/venv.sh` first (scripts/test-all.sh does)",
+        venv.display()
+    );
+    venv
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Runs this build's `iris` with `--config cfg` (the CLI reaches the controller through its own
+/// `kubectl port-forward`, with the test cluster's kubectl).
+fn iris_cfg(cfg: &Path, args: &[&str]) -> common::Out {
+    let o = Command::new(common::IRIS)
+        .arg("--config")
+        .arg(cfg)
+        .args(args)
+        .env("IRIS_KUBECTL", kubectl_bin())
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run iris");
+    common::Out::of(o)
+}
+
+/// A kubectl port-forward held open by the test (the published CLI's `--controller-url`).
+struct Forward(std::process::Child);
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn controller_deployed_into_the_cluster_serves_the_published_cli_and_rolls_back_a_broken_image() {
+    let env = start_env();
+    let kubeconfig = env.run_dir.join("kubeconfig");
+    let port = free_port();
+    let remote = env.dir.path().join("remote-state");
+    // The state directory is a hostPath on the controller's node: the agent keeps one
+    // directory for it, shared by every pod that mounts it.
+    let state = format!("/iris-controller-state-{port}");
+    let cfg = env.dir.path().join("coreweave.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "name: cw-test\nplatform:\n  label_prefix: iris\n  coreweave:\n    namespace: {NS}\n    kubeconfig_path: {kc}\ncontroller:\n  image: ghcr.io/marin-community/iris-controller:v1\n  coreweave: {{port: {port}, service_name: iris-controller-svc, scale_group: cpu}}\nstorage:\n  local_state_dir: {state}\n  remote_state_dir: {remote}\nkubernetes_provider:\n  namespace: {NS}\n  controller_address: http://127.0.0.1:{port}\n  kueue: {{cluster_queue: cluster-queue}}\nscale_groups:\n  cpu:\n    num_vms: 2\n    resources: {{cpu: 32, ram: 128GB, disk: 1TB, device_type: cpu, capacity_type: on-demand}}\n  h100:\n    num_vms: 4\n    resources: {{cpu: 128, ram: 2000GB, disk: 1TB, device_type: gpu, device_variant: H100, device_count: 8, capacity_type: on-demand}}\n",
+            kc = kubeconfig.display(),
+            remote = remote.display(),
+        ),
+    )
+    .expect("config");
+
+    // Without the admin-owned objects, `cluster start` names them and creates nothing.
+    let refused = iris_cfg(&cfg, &["cluster", "start"]);
+    let err = refused.err();
+    for want in [
+        "ServiceAccount/iris/iris-controller",
+        "ClusterRole/iris-controller-iris",
+        "Role/iris/iris-task-secret-delivery",
+    ] {
+        assert!(err.contains(want), "{want} not named: {err}");
+    }
+    assert!(
+        !env.kubectl(&["-n", NS, "get", "deployments", "-o", "name"])
+            .contains("iris-controller"),
+        "a refused start created the Deployment"
+    );
+
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/k8s-controller-prerequisites.yaml");
+    let applied = env.kubectl_out(&["apply", "-f", &fixture.to_string_lossy()]);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    env.kubectl(&["label", "node", "cpu-0", "iris-iris-scale-group=cpu"]);
+
+    let started = iris_cfg(&cfg, &["cluster", "start"]);
+    let out = started.ok();
+    assert!(out.contains("Controller started"), "{out}");
+    let dep = env.kubectl(&[
+        "-n",
+        NS,
+        "get",
+        "deployment",
+        "iris-controller",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image} {.spec.strategy.type}",
+    ]);
+    assert_eq!(
+        dep.trim(),
+        "ghcr.io/marin-community/iris-controller:v1 Recreate"
+    );
+    let ran = env.ran();
+    assert!(
+        ran.iter()
+            .any(|p| p.name.starts_with("iris-controller-") && p.node == "cpu-0"),
+        "the controller pod did not run on the scale group's node: {ran:?}"
+    );
+
+    // Our CLI reaches it through its own port-forward, and the controller (in the cluster,
+    // with the ServiceAccount's credentials) runs the job as a pod admitted by Kueue.
+    let job = iris_cfg(
+        &cfg,
+        &[
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--job-name",
+            "in-cluster",
+            "--",
+            "echo",
+            "from-inside",
+        ],
+    )
+    .job_id();
+    wait_for(LONG, "the in-cluster controller's job to succeed", || {
+        let o = iris_cfg(&cfg, &["job", "summary", &job, "--json"]);
+        o.stdout.contains("\"succeeded\"").then_some(())
+    });
+
+    // The published CLI, through a port-forward to the Service.
+    let local = free_port();
+    let forward = Forward(
+        Command::new(kubectl_bin())
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args([
+                "-n",
+                NS,
+                "port-forward",
+                "svc/iris-controller-svc",
+                &format!("{local}:{port}"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("kubectl port-forward"),
+    );
+    let url = format!("http://127.0.0.1:{local}");
+    wait_for(LONG, "the port-forward", || {
+        std::net::TcpStream::connect(("127.0.0.1", local)).ok()
+    });
+    let venv = published_venv();
+    let workspace = env.dir.path().join("published-workspace");
+    std::fs::create_dir_all(&workspace).expect("workspace");
+    let published = |args: &[&str]| {
+        common::Out::of(
+            Command::new(venv.join("bin/iris"))
+                .arg("--controller-url")
+                .arg(&url)
+                .args(args)
+                .current_dir(&workspace)
+                .env("IRIS_USER", "compat")
+                .output()
+                .expect("published iris"),
+        )
+    };
+    let pjob = published(&[
+        "job",
+        "run",
+        "--no-wait",
+        "--job-name",
+        "published",
+        "--",
+        "echo",
+        "hi",
+    ])
+    .job_id();
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        // The published CLI's table: one row per job, its state in words.
+        let o = published(&["job", "list", "--prefix", &pjob]);
+        if o.stdout
+            .lines()
+            .any(|l| l.contains(&pjob) && l.to_lowercase().contains("succeeded"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the published CLI's job {pjob} did not succeed: {}\n{}\npods:\n{}",
+            o.stdout,
+            o.stderr,
+            env.kubectl(&["-n", NS, "get", "pods", "-o", "wide"])
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    drop(forward);
+
+    // A restart to an image that cannot be pulled rolls back by itself: the old image runs
+    // again and the jobs are still there.
+    let restart = iris_cfg(
+        &cfg,
+        &[
+            "cluster",
+            "controller",
+            "restart",
+            "--image",
+            "registry.invalid/iris/controller:broken",
+        ],
+    );
+    let err = restart.err();
+    assert!(err.contains("ImagePullBackOff"), "{err}");
+    assert!(
+        err.contains(
+            "Auto-rolling back to previous image ghcr.io/marin-community/iris-controller:v1"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("rolled back"), "{err}");
+    let image = env.kubectl(&[
+        "-n",
+        NS,
+        "get",
+        "deployment",
+        "iris-controller",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ]);
+    assert_eq!(image.trim(), "ghcr.io/marin-community/iris-controller:v1");
+    let listed = iris_cfg(&cfg, &["job", "summary", &job, "--json"]);
+    assert!(listed.ok().contains("\"succeeded\""), "{}", listed.stdout);
+    let record =
+        std::fs::read_to_string(remote.join("rollout-record.json")).expect("rollout record");
+    assert!(record.contains("rolled_back"), "{record}");
+
+    // A good image rolls out; `--rollback` then brings the previous one back.
+    let image_of = || {
+        env.kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "deployment",
+            "iris-controller",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])
+        .trim()
+        .to_string()
+    };
+    let v2 = "ghcr.io/marin-community/iris-controller:v2";
+    let out = iris_cfg(&cfg, &["cluster", "controller", "restart", "--image", v2]);
+    assert!(out.ok().contains("Controller restarted"), "{}", out.stdout);
+    assert_eq!(image_of(), v2);
+    let record = std::fs::read_to_string(remote.join("rollout-record.json")).expect("record");
+    assert!(record.contains("committed"), "{record}");
+    let out = iris_cfg(&cfg, &["cluster", "controller", "restart", "--rollback"]);
+    assert!(
+        out.ok()
+            .contains("rolled back to image ghcr.io/marin-community/iris-controller:v1"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(image_of(), "ghcr.io/marin-community/iris-controller:v1");
+    let listed = iris_cfg(&cfg, &["job", "summary", &job, "--json"]);
+    assert!(listed.ok().contains("\"succeeded\""), "{}", listed.stdout);
+
+    // `cluster stop` removes the controller's objects and its pod.
+    iris_cfg(&cfg, &["cluster", "stop"]).ok();
+    let left = env.kubectl(&["-n", NS, "get", "deployments,services,pods", "-o", "name"]);
+    assert!(!left.contains("iris-controller"), "left after stop: {left}");
 }

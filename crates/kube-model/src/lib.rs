@@ -5,7 +5,9 @@
 //! * [`manifest`] — the Pod, PodDisruptionBudget and Secret of one task attempt;
 //! * [`priority`] — Pod PriorityClasses, Kueue WorkloadPriorityClasses, the LocalQueue;
 //! * [`status`] — what an observed Pod (and its Kueue Workload) means for the attempt;
-//! * [`capacity`](mod@capacity) — GPU totals, held/free GPUs per band, node summaries.
+//! * [`capacity`](mod@capacity) — GPU totals, held/free GPUs per band, node summaries;
+//! * [`controller`] — the controller's own Deployment, Service and checks when it runs in the
+//!   cluster.
 //!
 //! The controller's Kubernetes backend does the API calls; this crate decides what to send and
 //! what the answers mean. Kubernetes types (`k8s-openapi`) stop here: callers get Iris types
@@ -18,6 +20,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod capacity;
+pub mod controller;
 pub mod manifest;
 pub mod priority;
 pub mod status;

@@ -98,6 +98,7 @@ mod kubelet;
 mod kueue;
 pub mod node_agent;
 mod node_logs;
+mod node_portforward;
 mod patch;
 mod pdb;
 mod pod;
@@ -105,6 +106,7 @@ mod process;
 mod resources;
 mod selector;
 mod sim;
+mod spdy_dictionary;
 mod status;
 mod store;
 

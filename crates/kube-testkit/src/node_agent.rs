@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, ServiceAccount, Volume};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -90,6 +91,18 @@ pub struct AgentOptions {
     pub kubelet: Option<KubeletEndpoint>,
     /// Processes or simulated containers.
     pub mode: Mode,
+    /// Directories put first on the containers' `PATH`: where the images' programs are (a
+    /// test's `iris` binary, for the controller's Deployment).
+    pub bin_dirs: Vec<PathBuf>,
+}
+
+/// What every container the agent starts shares: its work dir (pod roots, hostPath and claim
+/// directories), the programs on its `PATH` and the API server it reaches in-cluster.
+pub(crate) struct Host {
+    dir: PathBuf,
+    path: String,
+    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`, as a kubelet sets them.
+    api: (String, String),
 }
 
 /// The running agent; [`NodeAgent::shutdown`] (or drop) stops it and kills what it started.
@@ -108,14 +121,36 @@ impl NodeAgent {
         work_dir: PathBuf,
         opts: AgentOptions,
     ) -> Result<Self, kube::Error> {
-        let AgentOptions { kubelet, mode } = opts;
+        let AgentOptions {
+            kubelet,
+            mode,
+            bin_dirs,
+        } = opts;
         let kc = kube::config::Kubeconfig::read_from(kubeconfig)
             .map_err(|e| kube::Error::Service(e.to_string().into()))?;
         let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
             .await
             .map_err(|e| kube::Error::Service(e.to_string().into()))?;
+        let api_url = config.cluster_url.clone();
         let client = kube::Client::try_from(config)?;
+        let base_path =
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
+        let path = bin_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .chain([base_path])
+            .collect::<Vec<_>>()
+            .join(":");
+        let host = Host {
+            dir: work_dir,
+            path,
+            api: (
+                api_url.host().unwrap_or("127.0.0.1").to_string(),
+                api_url.port_u16().unwrap_or(443).to_string(),
+            ),
+        };
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+        let service_accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let config_maps: Api<ConfigMap> = Api::namespaced(client, namespace);
         let (stop, mut stopped) = watch::channel(false);
@@ -138,9 +173,9 @@ impl NodeAgent {
             let mut runs: HashMap<String, Run> = HashMap::new();
             let mut inits: HashMap<String, Init> = HashMap::new();
             loop {
-                let apis = (&pods, &secrets, &config_maps);
+                let apis = (&pods, &secrets, &config_maps, &service_accounts);
                 let state = (&mut runs, &mut inits);
-                if let Err(e) = pass(apis, &work_dir, mode, state, &ran2, &index).await {
+                if let Err(e) = pass(apis, &host, mode, state, &ran2, &index).await {
                     tracing::warn!(error = %e, "node agent pass");
                 }
                 tokio::select! {
@@ -231,13 +266,19 @@ async fn send(pods: &Api<Pod>, call: Call) -> Result<(), kube::Error> {
 }
 
 async fn pass(
-    (pods, secrets, config_maps): (&Api<Pod>, &Api<Secret>, &Api<ConfigMap>),
-    work_dir: &Path,
+    (pods, secrets, config_maps, sas): (
+        &Api<Pod>,
+        &Api<Secret>,
+        &Api<ConfigMap>,
+        &Api<ServiceAccount>,
+    ),
+    host: &Host,
     mode: Mode,
     (runs, inits): (&mut HashMap<String, Run>, &mut HashMap<String, Init>),
     ran: &Mutex<Vec<RanPod>>,
     index: &LogIndex,
 ) -> Result<(), kube::Error> {
+    let work_dir = host.dir.as_path();
     let list = pods.list(&ListParams::default()).await?;
     let mut seen = HashSet::new();
     let mut names = HashSet::new();
@@ -303,12 +344,12 @@ async fn pass(
                 // for it.
                 if matches!(mode, Mode::Process)
                     && !inits.contains_key(&uid)
-                    && !stage_volumes((secrets, config_maps), &pod, work_dir).await
+                    && !stage_volumes((secrets, config_maps, sas), &pod, work_dir).await
                 {
                     continue;
                 }
                 if matches!(mode, Mode::Process) {
-                    match advance_init(&pod, work_dir, inits.entry(uid.clone())) {
+                    match advance_init(&pod, host, inits.entry(uid.clone())) {
                         InitStep::Running => continue,
                         InitStep::Failed(body) => {
                             inits.remove(&uid);
@@ -322,7 +363,7 @@ async fn pass(
                     }
                 }
                 let run = match mode {
-                    Mode::Process => start_pod(&pod, work_dir),
+                    Mode::Process => start_pod(&pod, host),
                     Mode::Simulate(run_for) => simulate_pod(&pod, work_dir, run_for),
                 };
                 calls.push(Call::Status {
@@ -482,66 +523,139 @@ fn pod_root(pod: &Pod, work_dir: &Path) -> PathBuf {
     ))
 }
 
-/// Writes each Secret and ConfigMap volume of `pod` as files (one per key, or per listed item
-/// at its path, with the volume's `defaultMode`) into the directory its mounts map to. False
-/// while one is missing or unreadable.
+/// Files of one volume: relative path → contents, and their mode.
+type VolumeFiles = (Vec<(String, Vec<u8>)>, u32);
+
+/// A Secret's or ConfigMap's keys (`None` while it does not exist or cannot be read).
+async fn secret_keys(secrets: &Api<Secret>, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+    let secret = secrets.get_opt(name).await.ok()??;
+    let data = secret.data.unwrap_or_default();
+    Some(data.into_iter().map(|(k, v)| (k, v.0)).collect())
+}
+
+async fn config_map_keys(cms: &Api<ConfigMap>, name: &str) -> Option<BTreeMap<String, Vec<u8>>> {
+    let cm = cms.get_opt(name).await.ok()??;
+    let mut files: BTreeMap<String, Vec<u8>> = cm
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
+    files.extend(
+        cm.binary_data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0)),
+    );
+    Some(files)
+}
+
+/// With `items`, only the listed keys, each at its own path; without, every key.
+fn pick(
+    files: BTreeMap<String, Vec<u8>>,
+    items: Option<&Vec<k8s_openapi::api::core::v1::KeyToPath>>,
+) -> Vec<(String, Vec<u8>)> {
+    match items {
+        Some(items) => items
+            .iter()
+            .filter_map(|i| Some((i.path.clone(), files.get(&i.key)?.clone())))
+            .collect(),
+        None => files.into_iter().collect(),
+    }
+}
+
+/// The files a Secret, ConfigMap or projected volume holds (a projected service account token
+/// is asked of the API server for this pod, as a kubelet asks for it); `Some(None)` for other
+/// kinds of volume, `None` while a source is missing.
+async fn volume_files(
+    (secrets, config_maps, sas): (&Api<Secret>, &Api<ConfigMap>, &Api<ServiceAccount>),
+    pod: &Pod,
+    v: &Volume,
+) -> Option<Option<VolumeFiles>> {
+    if let Some(source) = &v.secret {
+        let name = source.secret_name.as_deref()?;
+        let files = secret_keys(secrets, name).await?;
+        let mode = source.default_mode.unwrap_or(0o644) as u32;
+        return Some(Some((pick(files, source.items.as_ref()), mode)));
+    }
+    if let Some(source) = &v.config_map {
+        let files = config_map_keys(config_maps, &source.name).await?;
+        let mode = source.default_mode.unwrap_or(0o644) as u32;
+        return Some(Some((pick(files, source.items.as_ref()), mode)));
+    }
+    let Some(projected) = &v.projected else {
+        return Some(None);
+    };
+    let mut out = Vec::new();
+    for src in projected.sources.clone().unwrap_or_default() {
+        if let Some(s) = &src.secret {
+            out.extend(pick(secret_keys(secrets, &s.name).await?, s.items.as_ref()));
+        }
+        if let Some(cm) = &src.config_map {
+            out.extend(pick(
+                config_map_keys(config_maps, &cm.name).await?,
+                cm.items.as_ref(),
+            ));
+        }
+        if let Some(d) = &src.downward_api {
+            for item in d.items.clone().unwrap_or_default() {
+                let path = item.field_ref.as_ref().map(|f| f.field_path.as_str());
+                out.push((item.path.clone(), field_ref(pod, path).into_bytes()));
+            }
+        }
+        if let Some(t) = &src.service_account_token {
+            let sa = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .unwrap_or_else(|| "default".into());
+            let request = TokenRequest {
+                spec: Some(TokenRequestSpec {
+                    audiences: Some(t.audience.clone().into_iter().collect()),
+                    expiration_seconds: t.expiration_seconds,
+                    bound_object_ref: Some(BoundObjectReference {
+                        kind: Some("Pod".into()),
+                        api_version: Some("v1".into()),
+                        name: pod.metadata.name.clone(),
+                        uid: pod.metadata.uid.clone(),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let token = sas
+                .create_token_request(&sa, &PostParams::default(), &request)
+                .await
+                .ok()?;
+            let token = token.status?.token?;
+            out.push((t.path.clone(), token.into_bytes()));
+        }
+    }
+    let mode = projected.default_mode.unwrap_or(0o644) as u32;
+    Some(Some((out, mode)))
+}
+
+/// Writes each Secret, ConfigMap and projected volume of `pod` as files into the directory its
+/// mounts map to, and each container's environment taken from Secrets and ConfigMaps (`envFrom`,
+/// `secretKeyRef`, `configMapKeyRef`) to `<root>/env/<container>`. False while a source is
+/// missing or unreadable, as a kubelet waits for it.
 async fn stage_volumes(
-    (secrets, config_maps): (&Api<Secret>, &Api<ConfigMap>),
+    apis: (&Api<Secret>, &Api<ConfigMap>, &Api<ServiceAccount>),
     pod: &Pod,
     work_dir: &Path,
 ) -> bool {
-    let volumes = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.volumes.clone())
-        .unwrap_or_default();
-    for v in volumes {
-        let (files, items, mode): (BTreeMap<String, Vec<u8>>, _, _) =
-            match (&v.secret, &v.config_map) {
-                (Some(source), _) => {
-                    let Some(name) = source.secret_name.as_deref() else {
-                        continue;
-                    };
-                    let Ok(Some(secret)) = secrets.get_opt(name).await else {
-                        return false;
-                    };
-                    let data = secret.data.unwrap_or_default();
-                    let files = data.into_iter().map(|(k, v)| (k, v.0)).collect();
-                    (files, source.items.clone(), source.default_mode)
-                }
-                (None, Some(source)) => {
-                    let Ok(Some(cm)) = config_maps.get_opt(&source.name).await else {
-                        return false;
-                    };
-                    let mut files: BTreeMap<String, Vec<u8>> = cm
-                        .data
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(k, v)| (k, v.into_bytes()))
-                        .collect();
-                    files.extend(
-                        cm.binary_data
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|(k, v)| (k, v.0)),
-                    );
-                    (files, source.items.clone(), source.default_mode)
-                }
-                (None, None) => continue,
-            };
+    let spec = pod.spec.clone().unwrap_or_default();
+    for v in spec.volumes.clone().unwrap_or_default() {
+        let Some(found) = volume_files(apis, pod, &v).await else {
+            return false;
+        };
+        let Some((placed, mode)) = found else {
+            continue;
+        };
         let dir = pod_root(pod, work_dir).join("volumes").join(&v.name);
         if std::fs::create_dir_all(&dir).is_err() {
             return false;
         }
-        // With `items`, only the listed keys, each at its own path; without, every key.
-        let placed: Vec<(String, Vec<u8>)> = match items {
-            Some(items) => items
-                .iter()
-                .filter_map(|i| Some((i.path.clone(), files.get(&i.key)?.clone())))
-                .collect(),
-            None => files.into_iter().collect(),
-        };
-        let mode = mode.unwrap_or(0o644) as u32;
         for (rel, value) in placed {
             if rel.split('/').any(|p| p == "..") {
                 return false;
@@ -558,14 +672,95 @@ async fn stage_volumes(
             let _ = std::fs::set_permissions(&path, perm);
         }
     }
+    let containers = spec
+        .init_containers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .chain(spec.containers.clone());
+    for c in containers {
+        let Some(env) = container_env(apis, &c).await else {
+            return false;
+        };
+        let dir = pod_root(pod, work_dir).join("env");
+        let Ok(body) = serde_json::to_vec(&env) else {
+            return false;
+        };
+        if std::fs::create_dir_all(&dir).is_err()
+            || std::fs::write(dir.join(&c.name), body).is_err()
+        {
+            return false;
+        }
+    }
     true
+}
+
+/// A container's variables from Secrets and ConfigMaps; `None` while a required source is
+/// missing (an `optional` one that is missing contributes nothing).
+async fn container_env(
+    (secrets, config_maps, _): (&Api<Secret>, &Api<ConfigMap>, &Api<ServiceAccount>),
+    c: &Container,
+) -> Option<BTreeMap<String, String>> {
+    let text = |b: &Vec<u8>| String::from_utf8_lossy(b).into_owned();
+    let mut env = BTreeMap::new();
+    for from in c.env_from.clone().unwrap_or_default() {
+        let prefix = from.prefix.clone().unwrap_or_default();
+        let (keys, optional) = if let Some(s) = &from.secret_ref {
+            (
+                secret_keys(secrets, &s.name).await,
+                s.optional == Some(true),
+            )
+        } else if let Some(cm) = &from.config_map_ref {
+            (
+                config_map_keys(config_maps, &cm.name).await,
+                cm.optional == Some(true),
+            )
+        } else {
+            continue;
+        };
+        match keys {
+            Some(keys) => {
+                for (k, v) in keys {
+                    env.insert(format!("{prefix}{k}"), text(&v));
+                }
+            }
+            None if optional => {}
+            None => return None,
+        }
+    }
+    for e in c.env.clone().unwrap_or_default() {
+        let Some(from) = &e.value_from else { continue };
+        let (value, optional) = if let Some(s) = &from.secret_key_ref {
+            let keys = secret_keys(secrets, &s.name).await;
+            (
+                keys.and_then(|k| k.get(&s.key).map(text)),
+                s.optional == Some(true),
+            )
+        } else if let Some(cm) = &from.config_map_key_ref {
+            let keys = config_map_keys(config_maps, &cm.name).await;
+            (
+                keys.and_then(|k| k.get(&cm.key).map(text)),
+                cm.optional == Some(true),
+            )
+        } else {
+            continue;
+        };
+        match value {
+            Some(v) => {
+                env.insert(e.name.clone(), v);
+            }
+            None if optional => {}
+            None => return None,
+        }
+    }
+    Some(env)
 }
 
 /// Starts the pod's next init container, or reports how they went: each runs to its end before
 /// the next starts, as a kubelet runs them.
 fn advance_init(
     pod: &Pod,
-    work_dir: &Path,
+    host: &Host,
     entry: std::collections::hash_map::Entry<'_, String, Init>,
 ) -> InitStep {
     let containers = pod
@@ -577,7 +772,7 @@ fn advance_init(
         return InitStep::Done;
     }
     let init = entry.or_insert_with(|| Init {
-        root: pod_root(pod, work_dir),
+        root: pod_root(pod, &host.dir),
         started_at: now_rfc3339(),
         running: None,
         next: 0,
@@ -597,7 +792,7 @@ fn advance_init(
     let Some(c) = containers.get(init.next) else {
         return InitStep::Done;
     };
-    let pgid = match spawn(pod, c, &init.root, init.ended.clone()) {
+    let pgid = match spawn(pod, c, &init.root, init.ended.clone(), host) {
         Ok(pgid) => pgid,
         Err(e) => {
             tracing::warn!(container = %c.name, error = %e, "node agent: init container did not start");
@@ -649,8 +844,8 @@ fn init_failed(pod: &Pod, init: &Init, name: &str, end: &Ended) -> Value {
 }
 
 /// Starts every container of the pod; one that cannot start ends at once with code 128.
-fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
-    let root = pod_root(pod, work_dir);
+fn start_pod(pod: &Pod, host: &Host) -> Run {
+    let root = pod_root(pod, &host.dir);
     let ended = Arc::new(Mutex::new(HashMap::new()));
     let mut pgids = Vec::new();
     let mut images = HashMap::new();
@@ -661,7 +856,7 @@ fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
         .unwrap_or_default();
     for c in &containers {
         images.insert(c.name.clone(), c.image.clone().unwrap_or_default());
-        match spawn(pod, c, &root, ended.clone()) {
+        match spawn(pod, c, &root, ended.clone(), host) {
             Ok(pgid) => pgids.push((c.name.clone(), pgid)),
             Err(e) => {
                 tracing::warn!(container = %c.name, error = %e, "node agent: container did not start");
@@ -673,21 +868,61 @@ fn start_pod(pod: &Pod, work_dir: &Path) -> Run {
     Run::started(root, pgids, images, ended)
 }
 
+/// Paths programs read at a fixed place whatever the pod says (the in-cluster client's service
+/// account files): mounted there for real, in a mount namespace of the container's own,
+/// instead of being rewritten into the command line.
+const FIXED_MOUNTS: [&str; 2] = ["/var/run/secrets/", "/run/secrets/"];
+
+/// Where a volume's files live on this host: a hostPath or a claim is one directory shared by
+/// every pod that mounts it (a replaced controller finds its state); anything else is the pod's.
+fn volume_dir(pod: &Pod, root: &Path, host: &Host, name: &str) -> PathBuf {
+    let volume: Option<&Volume> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .and_then(|vs| vs.iter().find(|v| v.name == name));
+    match volume {
+        Some(v) if v.host_path.is_some() => {
+            let path = v.host_path.as_ref().map(|h| h.path.as_str()).unwrap_or("");
+            host.dir.join("hostpath").join(path.trim_start_matches('/'))
+        }
+        Some(v) if v.persistent_volume_claim.is_some() => {
+            let claim = v
+                .persistent_volume_claim
+                .as_ref()
+                .map(|c| c.claim_name.as_str())
+                .unwrap_or("");
+            host.dir.join("claims").join(claim)
+        }
+        _ => root.join("volumes").join(name),
+    }
+}
+
+/// Single-quotes `s` for `sh`.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 fn spawn(
     pod: &Pod,
     c: &Container,
     root: &Path,
     ended: Arc<Mutex<HashMap<String, Ended>>>,
+    host: &Host,
 ) -> std::io::Result<i32> {
-    // Each mount point (and the working directory) becomes a directory under the pod's root.
+    // Each mount point (and the working directory) becomes a directory under the pod's root,
+    // except the fixed ones, which are mounted in place.
     let mut map: Vec<(String, String)> = Vec::new();
+    let mut fixed: Vec<(String, PathBuf)> = Vec::new();
     for m in c.volume_mounts.clone().unwrap_or_default() {
-        let local = root.join("volumes").join(&m.name);
+        let local = volume_dir(pod, root, host, &m.name);
         std::fs::create_dir_all(&local)?;
-        map.push((
-            m.mount_path.trim_end_matches('/').to_string(),
-            local.to_string_lossy().into_owned(),
-        ));
+        let at = m.mount_path.trim_end_matches('/').to_string();
+        if FIXED_MOUNTS.iter().any(|f| m.mount_path.starts_with(f)) {
+            fixed.push((at, local));
+        } else {
+            map.push((at, local.to_string_lossy().into_owned()));
+        }
     }
     let workdir = c.working_dir.clone().unwrap_or_default();
     let wd = workdir.trim_end_matches('/').to_string();
@@ -705,37 +940,73 @@ fn spawn(
     std::fs::create_dir_all(&cwd)?;
     std::fs::create_dir_all(&home)?;
     let mut env: Vec<(String, String)> = vec![
-        (
-            "PATH".into(),
-            std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into()),
-        ),
+        ("PATH".into(), host.path.clone()),
         ("HOME".into(), home.to_string_lossy().into_owned()),
         (
             "HOSTNAME".into(),
             pod.metadata.name.clone().unwrap_or_default(),
         ),
+        ("KUBERNETES_SERVICE_HOST".into(), host.api.0.clone()),
+        ("KUBERNETES_SERVICE_PORT".into(), host.api.1.clone()),
     ];
+    // Values from Secrets and ConfigMaps were read when the pod's volumes were staged.
+    let staged: HashMap<String, String> = std::fs::read(root.join("env").join(&c.name))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let mut staged_sorted: Vec<(String, String)> = staged.into_iter().collect();
+    staged_sorted.sort();
+    env.extend(staged_sorted);
     for e in c.env.clone().unwrap_or_default() {
         let value = match (&e.value, &e.value_from) {
             (Some(v), _) => rewrite_paths(v, &map),
-            (None, Some(from)) => {
+            (None, Some(from)) if from.field_ref.is_some() => {
                 field_ref(pod, from.field_ref.as_ref().map(|f| f.field_path.as_str()))
             }
+            // Staged above (Secret and ConfigMap keys).
+            (None, Some(_)) => continue,
             (None, None) => String::new(),
         };
+        env.retain(|(k, _)| *k != e.name);
         env.push((e.name.clone(), value));
     }
+    // The agent's pods share the host's network: a container listening on every interface
+    // listens on loopback instead (tests bind nothing else).
     let argv: Vec<String> = c
         .command
         .clone()
         .unwrap_or_default()
         .into_iter()
         .chain(c.args.clone().unwrap_or_default())
-        .map(|a| rewrite_paths(&a, &map))
+        .map(|a| rewrite_paths(&a, &map).replace("0.0.0.0", "127.0.0.1"))
         .collect();
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("no command (images' entrypoints are not run)"))?;
+    let (program, args): (String, Vec<String>) = if fixed.is_empty() {
+        (program.clone(), args.to_vec())
+    } else {
+        // A private mount namespace with a fresh /run (where /var/run points), the fixed mounts
+        // bound into it, then the container's command in place of the shell.
+        let mut script = String::from("set -e; mount -t tmpfs iris-run /run");
+        for (at, local) in &fixed {
+            let at = sh_quote(at);
+            script.push_str(&format!(
+                "; mkdir -p {at}; mount --bind {} {at}",
+                sh_quote(&local.to_string_lossy())
+            ));
+        }
+        script.push_str("; exec \"$@\"");
+        let mut wrapped: Vec<String> =
+            ["--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
+                .map(String::from)
+                .to_vec();
+        wrapped.push(script);
+        wrapped.push("sh".into());
+        wrapped.push(program.clone());
+        wrapped.extend(args.iter().cloned());
+        ("unshare".into(), wrapped)
+    };
     let log = std::fs::File::create(root.join(format!("{}.log", c.name)))?;
     let mut child = tokio::process::Command::new(program)
         .args(args)

@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::Router;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -54,6 +54,12 @@ struct Served {
     index: LogIndex,
 }
 
+impl crate::node_portforward::PodLookup for Served {
+    fn runs(&self, namespace: &str, pod: &str) -> bool {
+        namespace == self.namespace && self.index.lock().is_ok_and(|index| index.contains_key(pod))
+    }
+}
+
 /// Binds the endpoint and serves it until `stop` changes.
 pub(crate) async fn serve(
     ep: &KubeletEndpoint,
@@ -81,6 +87,10 @@ pub(crate) async fn serve(
     };
     let app = Router::new()
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
+        .route(
+            "/portForward/{ns}/{pod}",
+            any(crate::node_portforward::port_forward::<Served>),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .with_state(Served { namespace, index });
     Ok(tokio::spawn(async move {
