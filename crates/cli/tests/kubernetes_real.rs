@@ -689,6 +689,41 @@ fn gb200_rack_slices_through_real_kueue() {
         racks[0].len() == 1 && racks[1].len() == 1 && racks[0] != racks[1],
         "each slice of 16 within one rack, the two in different racks: {racks:?}"
     );
+    // An NVL72 gang that cannot split into rack slices is refused at submit with the
+    // arithmetic: by the CLI when it picks the level, by the controller when it is explicit.
+    let rack72 = |extra: &[&str]| {
+        let mut args = vec![
+            "job",
+            "run",
+            "--no-wait",
+            "--no-bundle",
+            "--job-name",
+            "rack72",
+            "--enable-extra-resources",
+            "--gpu",
+            "GB200x4",
+            "--replicas",
+            "72",
+        ];
+        args.extend_from_slice(extra);
+        args.extend(["--", "true"]);
+        cluster.iris(&args)
+    };
+    let refused = rack72(&[]);
+    let err = refused.err();
+    assert!(
+        err.contains("--replicas 72 for GB200")
+            && err.contains("72 nodes do not divide evenly across 5 racks"),
+        "{err}"
+    );
+    let refused = rack72(&["--group-by", "nvlink.domain.sliced"]);
+    let err = refused.err();
+    assert!(
+        err.contains("coscheduling.group_by `nvlink.domain.sliced` with 72 replicas")
+            && err.contains("72 nodes do not divide evenly across 5 racks"),
+        "{err}"
+    );
+    assert!(!cluster.iris(&["job", "list"]).stdout.contains("rack72"));
 }
 
 #[test]
@@ -705,7 +740,8 @@ fn quota_hold_and_preemption_through_real_kueue() {
         patch,
     ]);
     let yaml = env.config();
-    let cluster = TestCluster::start_with_args(&[], Some(&yaml), &[]);
+    let cluster =
+        TestCluster::start_with_args(&[], Some(&yaml), &["--dashboard-bind", "127.0.0.1:0"]);
     let gang = |name: &str, band: &str, cmd: &[&str]| {
         let mut flags = vec![
             "--enable-extra-resources",
@@ -733,6 +769,16 @@ fn quota_hold_and_preemption_through_real_kueue() {
         workers["workers"].as_array().is_none_or(|w| w.is_empty()),
         "ListWorkers lists no worker on a Kubernetes cluster: {workers}"
     );
+    // The dashboard's Backends page shows the Kubernetes backends and nodes; its Workers page
+    // has no Kubernetes entry.
+    let dash = cluster.dashboard_url();
+    let (_, _, page) = common::http_get(&dash, "/backends", None);
+    assert!(
+        page.contains("Kubernetes") && page.contains("h100-0") && page.contains("k8s-h100"),
+        "{page}"
+    );
+    let (_, _, page) = common::http_get(&dash, "/workers", None);
+    assert!(!page.contains("k8s-h100"), "{page}");
     let nodes = env.kubectl(&["get", "nodes", "-o", "name"]).lines().count();
     let h100 = wait_for(LONG, "the BATCH gang's GPUs held in list-backends", || {
         let o = cluster.iris(&["rpc", "controller", "list-backends"]);
@@ -1286,17 +1332,22 @@ fn controller_deployed_into_the_cluster_serves_the_published_cli_and_rolls_back_
     let started = iris_cfg(&cfg, &["cluster", "start"]);
     let out = started.ok();
     assert!(out.contains("Controller started"), "{out}");
-    let dep = env.kubectl(&[
-        "-n",
-        NS,
-        "get",
-        "deployment",
-        "iris-controller",
-        "-o",
-        "jsonpath={.spec.template.spec.containers[0].image} {.spec.strategy.type}",
-    ]);
+    let deployment = |jsonpath: &str| {
+        env.kubectl(&[
+            "-n",
+            NS,
+            "get",
+            "deployment",
+            "iris-controller",
+            "-o",
+            &format!("jsonpath={jsonpath}"),
+        ])
+        .trim()
+        .to_string()
+    };
+    let image_of = || deployment("{.spec.template.spec.containers[0].image}");
     assert_eq!(
-        dep.trim(),
+        deployment("{.spec.template.spec.containers[0].image} {.spec.strategy.type}"),
         "ghcr.io/marin-community/iris-controller:v1 Recreate"
     );
     let ran = env.ran();
@@ -1418,16 +1469,7 @@ fn controller_deployed_into_the_cluster_serves_the_published_cli_and_rolls_back_
         "{err}"
     );
     assert!(err.contains("rolled back"), "{err}");
-    let image = env.kubectl(&[
-        "-n",
-        NS,
-        "get",
-        "deployment",
-        "iris-controller",
-        "-o",
-        "jsonpath={.spec.template.spec.containers[0].image}",
-    ]);
-    assert_eq!(image.trim(), "ghcr.io/marin-community/iris-controller:v1");
+    assert_eq!(image_of(), "ghcr.io/marin-community/iris-controller:v1");
     let listed = iris_cfg(&cfg, &["job", "summary", &job, "--json"]);
     assert!(listed.ok().contains("\"succeeded\""), "{}", listed.stdout);
     let record =
@@ -1435,19 +1477,6 @@ fn controller_deployed_into_the_cluster_serves_the_published_cli_and_rolls_back_
     assert!(record.contains("rolled_back"), "{record}");
 
     // A good image rolls out; `--rollback` then brings the previous one back.
-    let image_of = || {
-        env.kubectl(&[
-            "-n",
-            NS,
-            "get",
-            "deployment",
-            "iris-controller",
-            "-o",
-            "jsonpath={.spec.template.spec.containers[0].image}",
-        ])
-        .trim()
-        .to_string()
-    };
     let v2 = "ghcr.io/marin-community/iris-controller:v2";
     let out = iris_cfg(&cfg, &["cluster", "controller", "restart", "--image", v2]);
     assert!(out.ok().contains("Controller restarted"), "{}", out.stdout);

@@ -23,9 +23,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use crate::host::{now_rfc3339, rewrite_paths};
 use crate::node_logs::{KubeletEndpoint, LogIndex, PodLogs};
-use crate::process::rewrite_paths;
-use crate::store::now_rfc3339;
 
 /// One container's end.
 #[derive(Debug, Clone)]
@@ -222,7 +221,7 @@ impl Drop for NodeAgent {
 
 fn kill_init(init: &Init) {
     if let Some((_, pgid)) = init.running.as_ref().filter(|(_, p)| *p > 0) {
-        crate::process::signal_group(*pgid, nix::sys::signal::Signal::SIGKILL);
+        crate::host::signal_group(*pgid, nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -230,7 +229,7 @@ fn kill(run: &Run) {
     // A container that never started (or a simulated one) has no process group: 0, which must
     // never reach killpg (it would signal the agent's own group).
     for (_, pgid) in run.pgids.iter().filter(|(_, p)| *p > 0) {
-        crate::process::signal_group(*pgid, nix::sys::signal::Signal::SIGKILL);
+        crate::host::signal_group(*pgid, nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -1026,8 +1025,8 @@ fn spawn(
     let name = c.name.clone();
     tokio::spawn(async move {
         let status = child.wait().await;
-        crate::process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
-        let code = status.map(crate::process::exit_code).unwrap_or(128);
+        crate::host::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+        let code = status.map(crate::host::exit_code).unwrap_or(128);
         record_end(&ended, name, code);
     });
     Ok(pgid)
