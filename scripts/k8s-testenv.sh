@@ -230,13 +230,14 @@ leaderElection:
   leaderElect: false
 # As Kueue's released manifests configure it (the library default is 20 QPS, one worker per
 # kind, which admits and ungates a few pods a second).
+# IRIS_K8S_KUEUE_QPS, _BURST and _WORKERS override them (benchmarks of Kueue's own ceiling).
 controller:
   groupKindConcurrency:
-    Pod: 5
-    Workload.kueue.x-k8s.io: 5
+    Pod: ${IRIS_K8S_KUEUE_WORKERS:-5}
+    Workload.kueue.x-k8s.io: ${IRIS_K8S_KUEUE_WORKERS:-5}
 clientConnection:
-  qps: 50
-  burst: 100
+  qps: ${IRIS_K8S_KUEUE_QPS:-50}
+  burst: ${IRIS_K8S_KUEUE_BURST:-100}
 internalCertManagement:
   enable: false
 managedJobsNamespaceSelector:
