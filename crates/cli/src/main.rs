@@ -508,6 +508,10 @@ fn raise_open_file_limit() {
     }
 }
 
+/// mimalloc instead of glibc's malloc for the whole process (see the dependency's note).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     let filter = if cli.verbose { "info" } else { "warn" };
