@@ -107,6 +107,13 @@ pub fn target(path: &Path, fresh: bool) -> anyhow::Result<Target> {
         .filter(|q| !q.is_empty())
         .with_context(|| at("kubernetes_provider.kueue.cluster_queue is not set; the controller's LocalQueue points at that ClusterQueue"))?;
     crate::kube_config::kube_settings(&cfg).map_err(|e| anyhow::anyhow!(at(&e.to_string())))?;
+    // The signing key is a reference to a file or variable on the operator's machine; the
+    // controller in the pod could not resolve it, and the key must not go into a ConfigMap.
+    if cfg.auth.as_ref().is_some_and(|a| !a.signing_key.is_empty()) {
+        bail!(at(
+            "auth.signing_key: deploying a controller with auth into a cluster is not supported by this build (the key would have to reach the pod as a Secret); run the controller with `iris cluster controller serve` where the key is, or remove auth for this cluster"
+        ));
+    }
     let namespace = text(&raw, "/platform/coreweave/namespace").unwrap_or_else(|| "iris".into());
     let label_prefix = text(&raw, "/platform/label_prefix").unwrap_or_else(|| "iris".into());
     let service_name = text(&raw, "/controller/coreweave/service_name")
@@ -702,6 +709,55 @@ pub async fn rollback(path: &Path, timeout: Duration) -> anyhow::Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(extra: &str) -> String {
+        format!(
+            "name: cw\nplatform:\n  coreweave: {{namespace: iris}}\ncontroller:\n  image: ghcr.io/acme/iris:v1\n  coreweave: {{port: 10000, scale_group: cpu}}\nkubernetes_provider:\n  namespace: iris\n  controller_address: http://iris-controller-svc.iris:10000\n  kueue: {{cluster_queue: iris-cq}}\nscale_groups:\n  cpu:\n    num_vms: 1\n    resources: {{cpu: 32, ram: 128GB, disk: 1TB, device_type: cpu, capacity_type: on-demand}}\n{extra}"
+        )
+    }
+
+    #[test]
+    fn a_deploy_target_names_what_is_missing_or_unsupported() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("cw.yaml");
+        std::fs::write(&path, config("")).expect("write");
+        let t = target(&path, false).expect("target");
+        assert_eq!(t.deploy.namespace, "iris");
+        assert_eq!(t.deploy.port, 10000);
+        assert_eq!(t.deploy.service_name, "iris-controller-svc");
+        assert!(matches!(t.deploy.state, StateVolume::Claim { .. }));
+        let cfg: Value = serde_json::from_str(&t.deploy.config_json).expect("json");
+        assert_eq!(cfg["controller"]["image"], "ghcr.io/acme/iris:v1");
+
+        std::fs::write(&path, config("auth:\n  signing_key: file:/secrets/key\n")).expect("write");
+        let err = target(&path, false)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("auth.signing_key"), "{err}");
+
+        std::fs::write(&path, config("storage:\n  local_state_dir: relative/dir\n"))
+            .expect("write");
+        let err = target(&path, false)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("storage.local_state_dir") && err.contains("absolute"),
+            "{err}"
+        );
+
+        let no_group = config("").replace("scale_group: cpu", "scale_group: gpu");
+        std::fs::write(&path, no_group).expect("write");
+        let err = target(&path, false)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("controller.coreweave.scale_group: gpu is not one of scale_groups (cpu)"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn a_prebuilt_tag_replaces_the_configured_tag_or_digest() {
