@@ -23,8 +23,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const FIELD_MANAGER: &str = "iris";
-/// The Kueue API version the backend speaks.
-const KUEUE_VERSION: &str = "v1beta1";
 /// How long a replaced controller's pod may take to go.
 const DELETE_WAIT: Duration = Duration::from_secs(120);
 /// How long a new controller Deployment may take to become available (a node may have to be
@@ -225,7 +223,9 @@ impl Target {
     }
 }
 
-fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+/// The resource of `kind` at `api_version` (`v1`, `apps/v1`, ...).
+fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
 }
 
@@ -233,7 +233,6 @@ fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource
 fn resource_of(obj: &Value) -> anyhow::Result<ApiResource> {
     let api_version = obj["apiVersion"].as_str().unwrap_or_default();
     let kind = obj["kind"].as_str().unwrap_or_default();
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
     let plural = match kind {
         "ConfigMap" => "configmaps",
         "PersistentVolumeClaim" => "persistentvolumeclaims",
@@ -245,7 +244,7 @@ fn resource_of(obj: &Value) -> anyhow::Result<ApiResource> {
         "LocalQueue" => "localqueues",
         other => bail!("no API resource known for kind {other}"),
     };
-    Ok(resource(group, version, kind, plural))
+    Ok(resource(api_version, kind, plural))
 }
 
 /// Server-side apply of one manifest (namespaced when it names a namespace).
@@ -272,11 +271,11 @@ fn namespaced(client: &kube::Client, ns: &str, ar: &ApiResource) -> Api<DynamicO
 }
 
 fn deployments() -> ApiResource {
-    resource("apps", "v1", "Deployment", "deployments")
+    resource("apps/v1", "Deployment", "deployments")
 }
 
 fn pods() -> ApiResource {
-    resource("", "v1", "Pod", "pods")
+    resource("v1", "Pod", "pods")
 }
 
 /// The missing admin-owned objects, by label; empty when all are there.
@@ -284,12 +283,7 @@ async fn missing_prerequisites(client: &kube::Client, t: &Target) -> anyhow::Res
     let mut missing = Vec::new();
     let mut queue: Option<Value> = None;
     for p in kc::prerequisites(&t.deploy.namespace, &t.cluster_queue) {
-        let version = if p.group == "kueue.x-k8s.io" {
-            KUEUE_VERSION
-        } else {
-            "v1"
-        };
-        let ar = resource(p.group, version, p.kind, p.plural);
+        let ar = resource(p.api_version, p.kind, p.plural);
         let api: Api<DynamicObject> = match &p.namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
             None => Api::all_with(client.clone(), &ar),
@@ -305,8 +299,7 @@ async fn missing_prerequisites(client: &kube::Client, t: &Target) -> anyhow::Res
         let flavors: Api<DynamicObject> = Api::all_with(
             client.clone(),
             &resource(
-                "kueue.x-k8s.io",
-                KUEUE_VERSION,
+                iris_kube_model::priority::KUEUE_API_VERSION,
                 "ResourceFlavor",
                 "resourceflavors",
             ),
@@ -391,12 +384,16 @@ async fn wait_available(client: &kube::Client, ns: &str, within: Duration) -> an
     }
 }
 
+/// Opens the port-forward to the controller's Service (kubectl is waited for off the runtime);
+/// the controller's local URL.
+async fn open_tunnel(t: &Target) -> anyhow::Result<String> {
+    let pf = t.pf.clone();
+    tokio::task::spawn_blocking(move || crate::tunnel::open(&pf, Duration::from_secs(90))).await?
+}
+
 /// Opens the port-forward and waits for `/health`; the controller's local URL.
 async fn check_health(t: &Target) -> anyhow::Result<String> {
-    let pf = t.pf.clone();
-    let url =
-        tokio::task::spawn_blocking(move || crate::tunnel::open(&pf, Duration::from_secs(90)))
-            .await??;
+    let url = open_tunnel(t).await?;
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(5))
@@ -582,10 +579,7 @@ pub async fn restart(path: &Path, o: RestartOpts) -> anyhow::Result<i32> {
             "Taking checkpoint (timeout {}s)...",
             o.checkpoint_timeout.as_secs()
         );
-        let pf = t.pf.clone();
-        let url =
-            tokio::task::spawn_blocking(move || crate::tunnel::open(&pf, Duration::from_secs(90)))
-                .await??;
+        let url = open_tunnel(&t).await?;
         let cl = crate::client::controller_client(&Some(url))?;
         let r = crate::rollout::begin_within(&cl, o.checkpoint_timeout)
             .await

@@ -42,13 +42,7 @@ impl RealEnv {
 
     /// The built kubectl (the API server's own version) against this cluster.
     fn kubectl_out(&self, args: &[&str]) -> std::process::Output {
-        let bin = Command::new("bash")
-            .arg(script())
-            .arg("bin")
-            .output()
-            .expect("k8s-testenv.sh bin");
-        let bin = String::from_utf8_lossy(&bin.stdout).trim().to_string();
-        Command::new(Path::new(&bin).join("kubectl"))
+        Command::new(kubectl_bin())
             .arg("--kubeconfig")
             .arg(self.run_dir.join("kubeconfig"))
             .args(args)

@@ -237,8 +237,8 @@ fn app_labels() -> Value {
 /// An admin-owned object `cluster start` checks for and never creates.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prerequisite {
-    /// API group (`""` for the core group).
-    pub group: &'static str,
+    /// `apiVersion` (`v1` for the core group).
+    pub api_version: &'static str,
     /// Kind, as printed.
     pub kind: &'static str,
     /// Plural resource name.
@@ -264,53 +264,53 @@ impl Prerequisite {
 /// queue's ResourceFlavors are checked once the queue is read).
 pub fn prerequisites(namespace: &str, cluster_queue: &str) -> Vec<Prerequisite> {
     let ns = || Some(namespace.to_string());
-    let rbac = "rbac.authorization.k8s.io";
+    let rbac = "rbac.authorization.k8s.io/v1";
     let cluster_role = format!("iris-controller-{namespace}");
     vec![
         Prerequisite {
-            group: "",
+            api_version: "v1",
             kind: "Namespace",
             plural: "namespaces",
             namespace: None,
             name: namespace.into(),
         },
         Prerequisite {
-            group: "",
+            api_version: "v1",
             kind: "ServiceAccount",
             plural: "serviceaccounts",
             namespace: ns(),
             name: SERVICE_ACCOUNT.into(),
         },
         Prerequisite {
-            group: rbac,
+            api_version: rbac,
             kind: "ClusterRole",
             plural: "clusterroles",
             namespace: None,
             name: cluster_role.clone(),
         },
         Prerequisite {
-            group: rbac,
+            api_version: rbac,
             kind: "ClusterRoleBinding",
             plural: "clusterrolebindings",
             namespace: None,
             name: cluster_role,
         },
         Prerequisite {
-            group: rbac,
+            api_version: rbac,
             kind: "Role",
             plural: "roles",
             namespace: ns(),
             name: TASK_SECRET_ROLE.into(),
         },
         Prerequisite {
-            group: rbac,
+            api_version: rbac,
             kind: "RoleBinding",
             plural: "rolebindings",
             namespace: ns(),
             name: TASK_SECRET_ROLE.into(),
         },
         Prerequisite {
-            group: "kueue.x-k8s.io",
+            api_version: crate::priority::KUEUE_API_VERSION,
             kind: "ClusterQueue",
             plural: "clusterqueues",
             namespace: None,
