@@ -1,7 +1,7 @@
 //! The placement pass: working state, constraint sets, gangs and first-fit solos.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use crate::constraint::{canonical, normalize, satisfied};
@@ -11,6 +11,7 @@ use crate::model::{
 };
 use crate::order::order_pending;
 use iris_types::{AttrValue, Band, Constraint, Resources};
+use rustc_hash::FxHashMap;
 
 mod explain;
 
@@ -226,8 +227,9 @@ impl<'a> Engine<'a> {
         let mut workers: Vec<&Worker> = snapshot.workers.iter().collect();
         workers.sort_by(|a, b| a.id.cmp(&b.id));
         workers.dedup_by(|a, b| a.id == b.id);
-        // Hashed: looked up once per running task (tens of thousands at scale).
-        let worker_idx: HashMap<&str, usize> = workers
+        // Hashed: looked up once per running task (tens of thousands at scale). FxHash: the
+        // keys are worker ids, and SipHash's flood resistance buys nothing here.
+        let worker_idx: FxHashMap<&str, usize> = workers
             .iter()
             .enumerate()
             .map(|(i, w)| (w.id.as_str(), i))
@@ -273,13 +275,21 @@ impl<'a> Engine<'a> {
             running_worker.push(w);
         }
         let any_healthy = workers.iter().any(|w| w.healthy);
-        let mut job_numbers: HashMap<&str, usize> = HashMap::new();
+        let mut job_numbers: FxHashMap<&str, usize> = FxHashMap::default();
+        // A job's tasks usually arrive together: the previous task's number is tried first.
+        let mut last: Option<(&str, usize)> = None;
         let job_of: Vec<usize> = snapshot
             .pending
             .iter()
             .map(|t| {
+                let job = t.job.as_str();
+                if let Some((_, n)) = last.filter(|(prev, _)| *prev == job) {
+                    return n;
+                }
                 let next = job_numbers.len();
-                *job_numbers.entry(t.job.as_str()).or_insert(next)
+                let n = *job_numbers.entry(job).or_insert(next);
+                last = Some((job, n));
+                n
             })
             .collect();
         let n_jobs = job_numbers.len();

@@ -1,22 +1,108 @@
 //! The preemption pass (§4.6) for tasks still unplaced after placement.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use crate::constraint::normalize;
 use crate::engine::{Engine, GangShape, Status, Unit};
+use crate::firstfit::request_node;
 use crate::model::{PendingTask, Preemption, ResourcesExt};
 use iris_types::{Band, Resources};
+use rustc_hash::FxHashMap;
 
 /// Sort key for victims: lowest band first, then cheapest, then task key (= index order).
 type VictimKey = (Reverse<u8>, (i64, i64, i64), usize);
 
-/// Requests that found no victim, per (constraint set, variant, band). Valid until the next
-/// successful preemption changes the state.
-type FailCache = BTreeMap<(usize, String, Band), Vec<Resources>>;
+/// What solo scans that found no victim learned, per (constraint set, variant number, band).
+/// Valid until the next successful preemption changes the state.
+type FailCache = FxHashMap<(usize, usize, Band), Rooms>;
+
+/// Most distinct room vectors a [`Rooms`] keeps; past it, only failed requests are remembered.
+const MAX_ROOMS: usize = 256;
+
+/// The room each eligible victim would leave (its worker's free capacity plus its resources,
+/// as [`request_node`] dimensions), kept as the vectors no other one dominates. A scan over
+/// the same victims fits a request exactly when one of them does, so once a scan failed, a
+/// later request of the same key is answered without scanning 50,000 victims again.
+#[derive(Default)]
+struct Rooms {
+    /// Requests that found no victim (any request covering one fails too).
+    failed: Vec<Resources>,
+    /// The undominated rooms of the last failed scan; `None` if there were too many.
+    frontier: Option<Vec<[i64; 4]>>,
+}
+
+impl Rooms {
+    /// False when `req` provably finds no victim; true when a scan must decide.
+    fn may_fit(&self, req: &Resources) -> bool {
+        if self.failed.iter().any(|f| req.covers(f)) {
+            return false;
+        }
+        match &self.frontier {
+            Some(rooms) => {
+                let req = request_node(req);
+                rooms
+                    .iter()
+                    .any(|room| (0..4).all(|d| req[d] == 0 || room[d] >= req[d]))
+            }
+            None => true,
+        }
+    }
+}
+
+/// Adds `room` to the undominated set `rooms` (`None` once it outgrew [`MAX_ROOMS`]).
+fn add_room(rooms: &mut Option<Vec<[i64; 4]>>, room: [i64; 4]) {
+    let Some(list) = rooms else {
+        return;
+    };
+    let covers = |a: &[i64; 4], b: &[i64; 4]| (0..4).all(|d| a[d] >= b[d]);
+    if list.iter().any(|r| covers(r, &room)) {
+        return;
+    }
+    list.retain(|r| !covers(&room, r));
+    list.push(room);
+    if list.len() > MAX_ROOMS {
+        *rooms = None;
+    }
+}
 
 /// Gangs (by shape, variant and band) that found no victims; valid like [`FailCache`].
 type GangFailCache = BTreeSet<(GangShape, String, Band)>;
+
+/// Device variants numbered by their normalized spelling, each raw spelling normalized once.
+/// Numbers below `names.len()` at the start of the pass are the running tasks' variants; a
+/// pending task's variant that no running task has gets a number past them (no victims).
+#[derive(Default)]
+struct Variants<'a> {
+    names: Vec<String>,
+    by_name: FxHashMap<String, usize>,
+    by_raw: FxHashMap<&'a str, usize>,
+    /// The last raw spelling looked up: most neighbours share one.
+    last: Option<(&'a str, usize)>,
+}
+
+impl<'a> Variants<'a> {
+    fn id(&mut self, raw: &'a str) -> usize {
+        if let Some((_, id)) = self.last.filter(|(prev, _)| *prev == raw) {
+            return id;
+        }
+        let id = match self.by_raw.get(raw) {
+            Some(&id) => id,
+            None => {
+                let n = normalize(raw);
+                let next = self.by_name.len();
+                let id = *self.by_name.entry(n.clone()).or_insert(next);
+                if id == next {
+                    self.names.push(n);
+                }
+                self.by_raw.insert(raw, id);
+                id
+            }
+        };
+        self.last = Some((raw, id));
+        id
+    }
+}
 
 /// A running slice's facts that do not change during the preemption pass.
 struct SliceInfo<'a> {
@@ -56,39 +142,26 @@ impl<'a> Engine<'a> {
     }
 
     pub(crate) fn preemption_pass(&mut self, units: &[Unit<'a>]) {
-        // Each running task's normalized variant, as a number into `names` (normalized once
-        // per distinct spelling).
-        let mut names: Vec<String> = Vec::new();
-        let mut ids: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut variants = Vec::with_capacity(self.running.len());
-        for rt in &self.running {
-            let raw = rt.device_variant.as_str();
-            let id = *ids.entry(raw).or_insert_with(|| {
-                let n = normalize(raw);
-                names.iter().position(|x| *x == n).unwrap_or_else(|| {
-                    names.push(n);
-                    names.len() - 1
-                })
-            });
-            variants.push(id);
-        }
+        // Each running task's normalized variant, as a number into `variants.names` (normalized
+        // once per distinct spelling).
+        let mut variants = Variants::default();
+        let ids: Vec<usize> = self
+            .running
+            .iter()
+            .map(|rt| variants.id(&rt.device_variant))
+            .collect();
         // Solo victims: RUNNING, not part of a slice, on a known worker; per variant, in victim order.
-        let mut by_variant: Vec<Vec<usize>> = vec![Vec::new(); names.len()];
+        let mut solo_victims: Vec<Vec<usize>> = vec![Vec::new(); variants.names.len()];
         for (r, rt) in self.running.iter().enumerate() {
             if rt.running && !rt.coscheduled && self.running_worker[r].is_some() {
-                by_variant[variants[r]].push(r);
+                solo_victims[ids[r]].push(r);
             }
         }
-        let slices = self.slice_infos(&variants, &names);
-        let mut solo_victims: BTreeMap<String, Vec<usize>> = names
-            .into_iter()
-            .zip(by_variant)
-            .filter(|(_, list)| !list.is_empty())
-            .collect();
-        for list in solo_victims.values_mut() {
+        let slices = self.slice_infos(&ids, &variants.names);
+        for list in solo_victims.iter_mut() {
             list.sort_by_cached_key(|&r| self.victim_key(r));
         }
-        let mut cache = FailCache::new();
+        let mut cache = FailCache::default();
         let mut gang_cache = GangFailCache::new();
         for unit in units {
             let done = match unit {
@@ -98,7 +171,7 @@ impl<'a> Engine<'a> {
                         Status::Skipped { head, cset } => self.dominated(*p, head, cset),
                         _ => false,
                     };
-                    candidate && self.preempt_solo(*p, &mut solo_victims, &mut cache)
+                    candidate && self.preempt_solo(*p, &mut variants, &mut solo_victims, &mut cache)
                 }
                 Unit::Gang { tasks, .. } => {
                     let failed = tasks.iter().all(|&p| {
@@ -124,7 +197,8 @@ impl<'a> Engine<'a> {
     fn preempt_solo(
         &mut self,
         p: usize,
-        solo_victims: &mut BTreeMap<String, Vec<usize>>,
+        variants: &mut Variants<'a>,
+        solo_victims: &mut [Vec<usize>],
         cache: &mut FailCache,
     ) -> bool {
         let t: &'a PendingTask = &self.pending[p];
@@ -132,16 +206,14 @@ impl<'a> Engine<'a> {
             return false;
         }
         let cs = self.cset_for(p);
-        let variant = normalize(&t.device_variant);
+        let variant = variants.id(&t.device_variant);
         let key = (cs, variant, t.band);
-        if cache
-            .get(&key)
-            .is_some_and(|failed| failed.iter().any(|f| t.resources.covers(f)))
-        {
+        if cache.get(&key).is_some_and(|m| !m.may_fit(&t.resources)) {
             return false;
         }
         let mut found = None;
-        if let Some(list) = solo_victims.get_mut(&key.1) {
+        let mut rooms = Some(Vec::new());
+        if let Some(list) = solo_victims.get_mut(variant) {
             // Scan in victim order, dropping already-evicted entries on the way.
             let (mut read, mut write) = (0, 0);
             while read < list.len() {
@@ -168,6 +240,7 @@ impl<'a> Engine<'a> {
                     found = Some((r, w));
                     break;
                 }
+                add_room(&mut rooms, request_node(&freed));
             }
             if read != write {
                 list.copy_within(read.., write);
@@ -181,9 +254,10 @@ impl<'a> Engine<'a> {
                 true
             }
             None => {
-                let failed = cache.entry(key).or_default();
-                failed.retain(|f| !f.covers(&t.resources));
-                failed.push(t.resources.clone());
+                let memo = cache.entry(key).or_default();
+                memo.failed.retain(|f| !f.covers(&t.resources));
+                memo.failed.push(t.resources.clone());
+                memo.frontier = rooms;
                 false
             }
         }

@@ -653,6 +653,44 @@ fn freeing_the_victim_must_be_enough() {
 }
 
 #[test]
+fn a_failed_victim_search_still_lets_a_smaller_request_of_the_same_kind_preempt() {
+    // The first preemptor needs more than any eviction frees; the memo of that failed search
+    // must still let a smaller one (same constraints, variant and band) find its victim, and a
+    // larger one after it must fail without a victim.
+    let s = snap(
+        vec![worker("a").build(), worker("b").build()],
+        vec![
+            running("/x/prod/0", "a")
+                .band(Band::Production)
+                .cpu(4000)
+                .build(),
+            running("/x/batch/0", "a").cpu(4000).build(),
+            running("/x/prod/1", "b")
+                .band(Band::Production)
+                .cpu(5000)
+                .build(),
+            running("/x/batch/1", "b").cpu(3000).build(),
+        ],
+        vec![
+            pending("/u/big/0").band(Band::Production).cpu(6000).build(),
+            pending("/u/small/0")
+                .band(Band::Production)
+                .cpu(3500)
+                .build(),
+            pending("/u/huge/0")
+                .band(Band::Production)
+                .cpu(7000)
+                .build(),
+        ],
+    );
+    let plan = run(&s);
+    assert_eq!(evicted(&plan), [("/x/batch/0", "a", "/u/small/0")]);
+    assert_eq!(placed(&plan), [("/u/small/0", "a")]);
+    assert!(plan.pending_reasons.contains_key("/u/big/0"));
+    assert!(plan.pending_reasons.contains_key("/u/huge/0"));
+}
+
+#[test]
 fn victim_must_share_the_device_variant() {
     let s = snap(
         vec![worker("g").gpu(8, "h100").build()],
