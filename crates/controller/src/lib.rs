@@ -91,6 +91,9 @@ pub struct Controller {
     backend_targets: Mutex<BTreeMap<String, iris_scheduler::Worker>>,
     /// The tick's snapshot reader (WAL: reads never block the writer).
     snap: Mutex<Db>,
+    /// Workers and running tasks indexed as of the last tick: each tick applies only what
+    /// changed since (`Cluster::sync`) instead of re-indexing every running task.
+    cluster: Mutex<iris_scheduler::Cluster>,
     wake: Notify,
     workers: Mutex<HashMap<String, WorkerLink>>,
     /// Workers that registered with, or answered a reconcile from, this run of the controller.
@@ -231,6 +234,7 @@ impl Controller {
             backends: Mutex::new(HashMap::new()),
             backend_targets: Mutex::new(BTreeMap::new()),
             snap: Mutex::new(snap),
+            cluster: Mutex::new(iris_scheduler::Cluster::default()),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),
             confirmed: Mutex::new(std::collections::HashSet::new()),

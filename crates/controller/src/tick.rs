@@ -239,8 +239,18 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         .iter()
         .map(|p| (p.task.clone(), p.band))
         .collect();
-    let plan = iris_scheduler::schedule(&snapshot, &Policy::default());
-    drop(snapshot);
+    let Snapshot {
+        workers,
+        running,
+        pending,
+        user_spend,
+    } = snapshot;
+    let plan = {
+        let mut cluster = lock(&ctl.cluster);
+        cluster.sync(workers, running);
+        cluster.plan(&pending, &user_spend, &Policy::default())
+    };
+    drop(pending);
     ctl.metrics
         .planned(plan.assignments.len(), plan.preemptions.len());
     if !plan.preemptions.is_empty() || !plan.assignments.is_empty() {

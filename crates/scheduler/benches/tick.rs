@@ -3,13 +3,18 @@
 //!
 //! Run with `cargo bench -p iris-scheduler`; prints the median of several runs, from scratch and
 //! in the steady state the controller meets tick after tick: the first plan applied, then one
-//! running task finished since the last tick.
+//! running task finished since the last tick, planned from scratch and with the [`Cluster`] of
+//! the tick before brought up to date (what the controller does).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use iris_scheduler::*;
 use iris_types::{Band, Constraint, Resources};
+
+/// The allocator of the `iris` process, where the controller's tick runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const GIB: i64 = 1 << 30;
 const RUNS: usize = 15;
@@ -217,8 +222,9 @@ fn build(k: usize) -> Snapshot {
 }
 
 /// The snapshot of the next tick after `plan` was applied and every placed task started:
-/// assignments run, preempted tasks are gone, and then one running task finished.
-fn applied(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
+/// assignments run, preempted tasks are gone, and then one running task finished (returned
+/// with it).
+fn applied(snapshot: &Snapshot, plan: &Plan) -> (Snapshot, Option<RunningTask>) {
     let mut next = snapshot.clone();
     let placed: BTreeMap<&str, &str> = plan
         .assignments
@@ -246,10 +252,12 @@ fn applied(snapshot: &Snapshot, plan: &Plan) -> Snapshot {
         });
     }
     // One solo task finished since the last tick: its worker has room again.
-    if let Some(i) = next.running.iter().position(|r| !r.coscheduled) {
-        next.running.remove(i);
-    }
-    next
+    let finished = next
+        .running
+        .iter()
+        .position(|r| !r.coscheduled)
+        .map(|i| next.running.remove(i));
+    (next, finished)
 }
 
 /// A digest of everything a plan decides, so that runs before and after a change can show
@@ -293,22 +301,33 @@ fn print_times(what: &str, (med, min, max): (Duration, Duration, Duration)) {
     );
 }
 
-/// Median, min and max of `TICK_RUNS` (default 15) timed calls of `f`.
-fn time<T>(mut f: impl FnMut() -> T) -> (Duration, Duration, Duration) {
-    let runs = std::env::var("TICK_RUNS")
+/// `TICK_RUNS`, default 15.
+fn runs() -> usize {
+    std::env::var("TICK_RUNS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(RUNS);
-    let mut times: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let start = Instant::now();
-            std::hint::black_box(f());
-            start.elapsed()
-        })
-        .collect();
+        .unwrap_or(RUNS)
+}
+
+/// Median, min and max of `times` (not empty).
+fn spread(mut times: Vec<Duration>) -> (Duration, Duration, Duration) {
     times.sort();
-    (times[runs / 2], times[0], times[runs - 1])
+    let n = times.len();
+    (times[n / 2], times[0], times[n - 1])
+}
+
+/// Median, min and max of `TICK_RUNS` timed calls of `f`.
+fn time<T>(mut f: impl FnMut() -> T) -> (Duration, Duration, Duration) {
+    spread(
+        (0..runs())
+            .map(|_| {
+                let start = Instant::now();
+                std::hint::black_box(f());
+                start.elapsed()
+            })
+            .collect(),
+    )
 }
 
 fn main() {
@@ -352,26 +371,60 @@ fn main() {
         snapshot.workers.len(),
         outcome(&snapshot, &warm)
     );
-    print_times(
-        "schedule from scratch",
-        time(|| schedule(&snapshot, &policy)),
-    );
+    // `TICK_KEPT_ONLY=1` times only the kept-cluster tick (for profiling it).
+    let kept_only = std::env::var_os("TICK_KEPT_ONLY").is_some();
+    if !kept_only {
+        print_times(
+            "schedule from scratch",
+            time(|| schedule(&snapshot, &policy)),
+        );
+    }
     // Apply plans until the cluster takes no more (what a loaded cluster looks like tick after
     // tick), then one task finishes.
-    let mut steady = applied(&snapshot, &warm);
+    let (mut steady, mut finished) = applied(&snapshot, &warm);
     let mut next = schedule(&steady, &policy);
     let mut ticks = 1;
     while next.assignments.len() > 1 && ticks < 50 {
-        steady = applied(&steady, &next);
+        (steady, finished) = applied(&steady, &next);
         next = schedule(&steady, &policy);
         ticks += 1;
     }
     println!("steady after {ticks} applied plans");
     println!("steady: {}", outcome(&steady, &next));
-    print_times(
-        "schedule after one completion",
-        time(|| schedule(&steady, &policy)),
-    );
+    if !kept_only {
+        print_times(
+            "schedule after one completion, from scratch",
+            time(|| schedule(&steady, &policy)),
+        );
+    }
+    // What a controller keeping a `Cluster` across ticks pays: the completion applied to the
+    // indexes of the tick before, then the plan. Each run puts the task back afterwards, untimed.
+    if let Some(done) = finished {
+        let mut before = steady.running.clone();
+        before.push(done.clone());
+        let mut cluster = Cluster::new(steady.workers.clone(), before);
+        let kept = cluster.clone();
+        cluster.update([done.task.as_str()], Vec::new());
+        let plan = cluster.plan(&steady.pending, &steady.user_spend, &policy);
+        assert_eq!(
+            plan, next,
+            "the kept cluster plans differently from scratch"
+        );
+        cluster = kept;
+        let runs = runs();
+        let mut times = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let start = Instant::now();
+            cluster.update([done.task.as_str()], Vec::new());
+            std::hint::black_box(cluster.plan(&steady.pending, &steady.user_spend, &policy));
+            times.push(start.elapsed());
+            cluster.update([], vec![done.clone()]);
+        }
+        print_times(
+            "schedule after one completion, cluster kept across ticks",
+            spread(times),
+        );
+    }
     // `explain` (ExplainTask) over the same snapshot, for a gang member and a solo task.
     for task in [
         snapshot.pending.iter().find(|t| t.group_by.is_some()),

@@ -4,11 +4,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use crate::cluster::Cluster;
 use crate::constraint::{canonical, normalize, satisfied};
 use crate::firstfit::{request_node, FirstFit};
-use crate::model::{
-    Assignment, PendingTask, Plan, Policy, ResourcesExt, RunningTask, Snapshot, Worker,
-};
+use crate::model::{Assignment, PendingTask, Plan, Policy, ResourcesExt, RunningTask, Worker};
 use crate::order::order_pending;
 use iris_types::{AttrValue, Band, Constraint, Resources};
 use rustc_hash::FxHashMap;
@@ -186,17 +185,19 @@ pub(crate) struct Group {
 pub(crate) struct Engine<'a> {
     pub(crate) pending: &'a [PendingTask],
     pub(crate) policy: &'a Policy,
+    /// The workers and running tasks with their indexes ([`Cluster`]).
+    pub(crate) cluster: &'a Cluster,
     /// Sorted by id; duplicates dropped.
-    pub(crate) workers: Vec<&'a Worker>,
+    pub(crate) workers: &'a [Worker],
     pub(crate) cap: Capacity,
     /// Sorted by task key.
-    pub(crate) running: Vec<&'a RunningTask>,
+    pub(crate) running: &'a [Box<RunningTask>],
     /// Index of the worker holding each running task, if known.
-    pub(crate) running_worker: Vec<Option<usize>>,
+    pub(crate) running_worker: &'a [Option<usize>],
     /// Running tasks per worker, by task key.
-    pub(crate) on_worker: Vec<Vec<usize>>,
+    pub(crate) on_worker: &'a [Vec<usize>],
     /// Coscheduled running tasks per job ("slices").
-    pub(crate) slices: BTreeMap<&'a str, Vec<usize>>,
+    pub(crate) slices: &'a BTreeMap<String, Vec<usize>>,
     pub(crate) evicted: Vec<bool>,
     pub(crate) csets: Vec<CSet<'a>>,
     cset_ids: BTreeMap<String, usize>,
@@ -223,63 +224,27 @@ pub(crate) struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    pub(crate) fn new(snapshot: &'a Snapshot, policy: &'a Policy) -> Engine<'a> {
-        let mut workers: Vec<&Worker> = snapshot.workers.iter().collect();
-        workers.sort_by(|a, b| a.id.cmp(&b.id));
-        workers.dedup_by(|a, b| a.id == b.id);
-        // Hashed: looked up once per running task (tens of thousands at scale). FxHash: the
-        // keys are worker ids, and SipHash's flood resistance buys nothing here.
-        let worker_idx: FxHashMap<&str, usize> = workers
-            .iter()
-            .enumerate()
-            .map(|(i, w)| (w.id.as_str(), i))
-            .collect();
-        let mut cap = Capacity {
-            free: workers.iter().map(|w| w.total.clone()).collect(),
-            building: vec![0; workers.len()],
+    pub(crate) fn new(
+        cluster: &'a Cluster,
+        pending: &'a [PendingTask],
+        policy: &'a Policy,
+    ) -> Engine<'a> {
+        let workers = cluster.workers.as_slice();
+        let cap = Capacity {
+            free: cluster.free.clone(),
+            building: cluster.building.clone(),
             assigned_now: vec![0; workers.len()],
             max_building: policy.max_building_per_worker,
             max_assign: policy.max_assignments_per_worker_per_cycle,
             pooled: workers.iter().map(|w| w.pooled).collect(),
             max_assign_pooled: policy.max_assignments_per_pool_per_cycle,
         };
-        // Task-key order. The keys' first 16 bytes ride along in the sorted array, so most
-        // comparisons touch neither the task nor its key's heap bytes (tens of thousands of
-        // running tasks at scale).
-        let mut keyed: Vec<(u128, &RunningTask)> = snapshot
-            .running
-            .iter()
-            .map(|rt| (key_prefix(&rt.task), rt))
-            .collect();
-        keyed.sort_unstable_by(|(pa, a), (pb, b)| {
-            pa.cmp(pb)
-                .then_with(|| a.task.cmp(&b.task))
-                .then_with(|| a.worker.cmp(&b.worker))
-        });
-        let running: Vec<&RunningTask> = keyed.into_iter().map(|(_, rt)| rt).collect();
-        let mut running_worker = Vec::with_capacity(running.len());
-        let mut on_worker = vec![Vec::new(); workers.len()];
-        let mut slices: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-        for (r, rt) in running.iter().enumerate() {
-            let w = worker_idx.get(rt.worker.as_str()).copied();
-            if let Some(w) = w {
-                cap.free[w].sub(&rt.resources);
-                if !rt.running {
-                    cap.building[w] += 1;
-                }
-                on_worker[w].push(r);
-            }
-            if rt.coscheduled {
-                slices.entry(rt.job.as_str()).or_default().push(r);
-            }
-            running_worker.push(w);
-        }
+        let running = cluster.running.as_slice();
         let any_healthy = workers.iter().any(|w| w.healthy);
         let mut job_numbers: FxHashMap<&str, usize> = FxHashMap::default();
         // A job's tasks usually arrive together: the previous task's number is tried first.
         let mut last: Option<(&str, usize)> = None;
-        let job_of: Vec<usize> = snapshot
-            .pending
+        let job_of: Vec<usize> = pending
             .iter()
             .map(|t| {
                 let job = t.job.as_str();
@@ -294,14 +259,15 @@ impl<'a> Engine<'a> {
             .collect();
         let n_jobs = job_numbers.len();
         Engine {
-            pending: &snapshot.pending,
+            pending,
             policy,
+            cluster,
             cap,
             evicted: vec![false; running.len()],
             running,
-            running_worker,
-            on_worker,
-            slices,
+            running_worker: &cluster.running_worker,
+            on_worker: &cluster.on_worker,
+            slices: &cluster.slices,
             csets: Vec::new(),
             cset_ids: BTreeMap::new(),
             constraint_matches: BTreeMap::new(),
@@ -311,8 +277,8 @@ impl<'a> Engine<'a> {
             gang_failed: BTreeMap::new(),
             job_cset: vec![None; n_jobs],
             job_of,
-            task_cset: vec![None; snapshot.pending.len()],
-            status: vec![Status::Untouched; snapshot.pending.len()],
+            task_cset: vec![None; pending.len()],
+            status: vec![Status::Untouched; pending.len()],
             plan: Plan::default(),
             any_healthy,
             workers,
@@ -550,7 +516,7 @@ impl<'a> Engine<'a> {
         let mut groups: Vec<Group> = by_value
             .into_iter()
             .map(|(value, mut workers)| {
-                workers.sort_by_cached_key(|&w| host_order_key(self.workers[w]));
+                workers.sort_by_cached_key(|&w| host_order_key(&self.workers[w]));
                 let score = workers
                     .iter()
                     .map(|&w| set.soft_score[w])
@@ -708,15 +674,6 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// The first 16 bytes of `s`, zero-padded, as a big-endian number: where two of them differ, they
-/// order as the strings do.
-fn key_prefix(s: &str) -> u128 {
-    let mut b = [0u8; 16];
-    let n = s.len().min(16);
-    b[..n].copy_from_slice(&s.as_bytes()[..n]);
-    u128::from_be_bytes(b)
-}
-
 /// Appends an unambiguous encoding of `c` (mode excluded) to `key`.
 fn push_constraint_key(key: &mut String, c: &Constraint) {
     fn push_value(key: &mut String, v: &AttrValue) {
@@ -773,32 +730,6 @@ pub(crate) fn host_order_key(w: &Worker) -> (u8, i64, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn key_prefixes_order_as_their_keys_where_they_differ() {
-        let keys = [
-            "",
-            "/",
-            "/a",
-            "/a/",
-            "/a/0",
-            "/a/1",
-            "/a/10",
-            "/user01/job23000/0",
-            "/user01/job23000/1",
-            "/user01/job2300/0",
-            "/user01/job23001",
-            "/u\u{e9}/j/0",
-        ];
-        for a in keys {
-            for b in keys {
-                let (pa, pb) = (key_prefix(a), key_prefix(b));
-                if pa != pb {
-                    assert_eq!(pa.cmp(&pb), a.cmp(b), "{a} vs {b}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn scan_fallback_agrees_with_the_tree() {

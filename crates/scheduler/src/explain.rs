@@ -15,9 +15,10 @@
 
 use std::fmt;
 
+use crate::cluster::Cluster;
 use crate::constraint::{canonical, satisfied};
 use crate::engine::{task_index, Engine};
-use crate::model::{Policy, ResourcesExt, Snapshot, TaskKey, WorkerId};
+use crate::model::{PendingTask, Policy, ResourcesExt, Snapshot, TaskKey, WorkerId};
 use iris_types::{AttrValue, Band, Constraint, Dim, Resources};
 
 /// One requested dimension a worker has too little of right now.
@@ -208,17 +209,28 @@ pub struct Explanation {
 /// Explains pending task `task` of `snapshot` against every worker; `None` if the snapshot does
 /// not hold it as pending.
 pub fn explain(snapshot: &Snapshot, policy: &Policy, task: &str) -> Option<Explanation> {
-    let mut engine = Engine::new(snapshot, policy);
-    let p = snapshot.pending.iter().position(|t| t.task == task)?;
-    let t = &snapshot.pending[p];
+    let cluster = Cluster::new(snapshot.workers.clone(), snapshot.running.clone());
+    explain_in(&cluster, &snapshot.pending, policy, task)
+}
+
+/// [`explain`] over a [`Cluster`] and its pending tasks.
+pub(crate) fn explain_in(
+    cluster: &Cluster,
+    pending: &[PendingTask],
+    policy: &Policy,
+    task: &str,
+) -> Option<Explanation> {
+    let mut engine = Engine::new(cluster, pending, policy);
+    let p = pending.iter().position(|t| t.task == task)?;
+    let t = &pending[p];
     let cs = engine.cset_for(p);
     // A gang: every pending task of the job, in the order placement zips them.
     let gang = t.group_by.as_ref().map(|key| {
-        let mut tasks: Vec<usize> = (0..snapshot.pending.len())
-            .filter(|&q| snapshot.pending[q].job == t.job && snapshot.pending[q].group_by.is_some())
+        let mut tasks: Vec<usize> = (0..pending.len())
+            .filter(|&q| pending[q].job == t.job && pending[q].group_by.is_some())
             .collect();
         tasks.sort_by(|&a, &b| {
-            let (ta, tb) = (&snapshot.pending[a].task, &snapshot.pending[b].task);
+            let (ta, tb) = (&pending[a].task, &pending[b].task);
             task_index(ta).cmp(&task_index(tb)).then_with(|| ta.cmp(tb))
         });
         let css: Vec<usize> = tasks.iter().map(|&q| engine.cset_for(q)).collect();
@@ -227,7 +239,7 @@ pub fn explain(snapshot: &Snapshot, policy: &Policy, task: &str) -> Option<Expla
     });
     let mut workers = Vec::with_capacity(engine.workers.len());
     for w in 0..engine.workers.len() {
-        let worker = engine.workers[w];
+        let worker = &engine.workers[w];
         let verdict = if !worker.healthy {
             Verdict::Unhealthy
         } else if let Some(c) = engine.csets[cs]
@@ -305,7 +317,7 @@ fn resources_verdict(engine: &Engine<'_>, w: usize, band: Band, req: &Resources)
     let mut lower = Resources::default();
     let mut others = Resources::default();
     for &r in &engine.on_worker[w] {
-        let rt = engine.running[r];
+        let rt = &engine.running[r];
         if rt.running && !rt.coscheduled && band.outranks(rt.band) && band != Band::Batch {
             lower.add(&rt.resources);
         } else {

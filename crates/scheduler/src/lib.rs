@@ -61,6 +61,7 @@
 
 pub mod autoscale;
 mod availability;
+mod cluster;
 mod constraint;
 mod engine;
 mod explain;
@@ -75,6 +76,7 @@ mod tests;
 mod testutil;
 
 pub use availability::enrich_with_availability;
+pub use cluster::Cluster;
 pub use constraint::{constraint_matches, ConstraintError};
 pub use explain::{explain, Explanation, Shortfall, Verdict, WorkerVerdict};
 pub use feasible::feasible_anywhere;
@@ -86,6 +88,13 @@ pub use order::order_pending;
 
 /// Computes one scheduling cycle's plan: assignments, preemptions, and a reason for every
 /// pending task left unassigned. Pure and deterministic (see the crate docs).
+///
+/// A controller that plans tick after tick keeps a [`Cluster`] instead and brings it up to date
+/// with what changed; this function builds one for the call.
 pub fn schedule(snapshot: &Snapshot, policy: &Policy) -> Plan {
-    engine::Engine::new(snapshot, policy).run(&snapshot.user_spend)
+    Cluster::new(snapshot.workers.clone(), snapshot.running.clone()).plan(
+        &snapshot.pending,
+        &snapshot.user_spend,
+        policy,
+    )
 }

@@ -1,17 +1,15 @@
 //! The preemption pass (§4.6) for tasks still unplaced after placement.
 
 use std::cmp::Reverse;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use crate::cluster::{victim_key, Variants, VictimKey};
 use crate::constraint::normalize;
 use crate::engine::{Engine, GangShape, Status, Unit};
 use crate::firstfit::request_node;
 use crate::model::{PendingTask, Preemption, ResourcesExt};
 use iris_types::{Band, Resources};
 use rustc_hash::FxHashMap;
-
-/// Sort key for victims: lowest band first, then cheapest, then task key (= index order).
-type VictimKey = (Reverse<u8>, (i64, i64, i64), usize);
 
 /// What solo scans that found no victim learned, per (constraint set, variant number, band).
 /// Valid until the next successful preemption changes the state.
@@ -69,41 +67,6 @@ fn add_room(rooms: &mut Option<Vec<[i64; 4]>>, room: [i64; 4]) {
 /// Gangs (by shape, variant and band) that found no victims; valid like [`FailCache`].
 type GangFailCache = BTreeSet<(GangShape, String, Band)>;
 
-/// Device variants numbered by their normalized spelling, each raw spelling normalized once.
-/// Numbers below `names.len()` at the start of the pass are the running tasks' variants; a
-/// pending task's variant that no running task has gets a number past them (no victims).
-#[derive(Default)]
-struct Variants<'a> {
-    names: Vec<String>,
-    by_name: FxHashMap<String, usize>,
-    by_raw: FxHashMap<&'a str, usize>,
-    /// The last raw spelling looked up: most neighbours share one.
-    last: Option<(&'a str, usize)>,
-}
-
-impl<'a> Variants<'a> {
-    fn id(&mut self, raw: &'a str) -> usize {
-        if let Some((_, id)) = self.last.filter(|(prev, _)| *prev == raw) {
-            return id;
-        }
-        let id = match self.by_raw.get(raw) {
-            Some(&id) => id,
-            None => {
-                let n = normalize(raw);
-                let next = self.by_name.len();
-                let id = *self.by_name.entry(n.clone()).or_insert(next);
-                if id == next {
-                    self.names.push(n);
-                }
-                self.by_raw.insert(raw, id);
-                id
-            }
-        };
-        self.last = Some((raw, id));
-        id
-    }
-}
-
 /// A running slice's facts that do not change during the preemption pass.
 struct SliceInfo<'a> {
     job: &'a str,
@@ -118,13 +81,12 @@ struct SliceInfo<'a> {
 
 impl<'a> Engine<'a> {
     fn victim_key(&self, r: usize) -> VictimKey {
-        let rt = self.running[r];
-        (Reverse(rt.band.rank()), rt.resources.cost_key(), r)
+        victim_key(self.running, r)
     }
 
     /// Evicts running task `r` for pending task `by`.
     fn evict(&mut self, r: usize, by: usize) {
-        let rt = self.running[r];
+        let rt = &self.running[r];
         self.evicted[r] = true;
         if let Some(w) = self.running_worker[r] {
             self.cap.free[w].add(&rt.resources);
@@ -142,25 +104,12 @@ impl<'a> Engine<'a> {
     }
 
     pub(crate) fn preemption_pass(&mut self, units: &[Unit<'a>]) {
-        // Each running task's normalized variant, as a number into `variants.names` (normalized
-        // once per distinct spelling).
-        let mut variants = Variants::default();
-        let ids: Vec<usize> = self
-            .running
-            .iter()
-            .map(|rt| variants.id(&rt.device_variant))
-            .collect();
-        // Solo victims: RUNNING, not part of a slice, on a known worker; per variant, in victim order.
-        let mut solo_victims: Vec<Vec<usize>> = vec![Vec::new(); variants.names.len()];
-        for (r, rt) in self.running.iter().enumerate() {
-            if rt.running && !rt.coscheduled && self.running_worker[r].is_some() {
-                solo_victims[ids[r]].push(r);
-            }
-        }
-        let slices = self.slice_infos(&ids, &variants.names);
-        for list in solo_victims.iter_mut() {
-            list.sort_by_cached_key(|&r| self.victim_key(r));
-        }
+        // Running tasks' variants and solo victims are indexed by the cluster; pending tasks'
+        // variants join the numbering on this plan's copy (a variant no running task has gets
+        // a number without victims).
+        let mut variants = self.cluster.variants.clone();
+        let mut solo_victims = self.cluster.solo_victims.clone();
+        let slices = self.slice_infos(&self.cluster.variant_of, &variants.names);
         let mut cache = FailCache::default();
         let mut gang_cache = GangFailCache::new();
         for unit in units {
@@ -197,7 +146,7 @@ impl<'a> Engine<'a> {
     fn preempt_solo(
         &mut self,
         p: usize,
-        variants: &mut Variants<'a>,
+        variants: &mut Variants,
         solo_victims: &mut [Vec<usize>],
         cache: &mut FailCache,
     ) -> bool {
@@ -224,7 +173,7 @@ impl<'a> Engine<'a> {
                 }
                 list[write] = r;
                 write += 1;
-                let rt = self.running[r];
+                let rt = &self.running[r];
                 if !t.band.outranks(rt.band) {
                     break; // sorted lowest band first: the rest are not lower
                 }
@@ -298,12 +247,13 @@ impl<'a> Engine<'a> {
 
     /// Each running slice's facts that do not change during the pass (see [`SliceInfo`]).
     fn slice_infos(&self, variants: &[usize], names: &[String]) -> Vec<SliceInfo<'a>> {
-        self.slices
+        let slices: &'a BTreeMap<String, Vec<usize>> = self.slices;
+        slices
             .iter()
-            .map(|(&job, members)| {
+            .map(|(job, members)| {
                 let first = members.first().map(|&r| variants[r]);
                 SliceInfo {
-                    job,
+                    job: job.as_str(),
                     members: members.len(),
                     variant: first
                         .filter(|&v| members.iter().all(|&r| variants[r] == v))
@@ -427,7 +377,7 @@ impl<'a> Engine<'a> {
             .iter()
             .copied()
             .filter(|&r| {
-                let rt = self.running[r];
+                let rt = &self.running[r];
                 !self.evicted[r] && rt.running && !rt.coscheduled && band.outranks(rt.band)
             })
             .collect();

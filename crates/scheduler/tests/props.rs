@@ -422,6 +422,84 @@ proptest! {
     }
 }
 
+/// A variation of running task `rt` under the same key: another worker, state, band or size.
+fn varied(rt: &RunningTask, workers: &[Worker], x: u64) -> RunningTask {
+    let mut v = rt.clone();
+    match x % 4 {
+        0 => v.worker = workers[(x as usize / 4) % workers.len()].id.clone(),
+        1 => v.running = !v.running,
+        2 => v.band = band((x / 4) as u8),
+        _ => v.resources.cpu_millicores += 500,
+    }
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// ARCHITECTURE: a `Cluster` kept across changes plans as one built fresh.
+    #[test]
+    fn a_cluster_kept_across_changes_plans_as_one_built_fresh(
+        s in arb_snapshot(),
+        other in arb_snapshot(),
+        policy in small_policy(),
+        seed in any::<u64>(),
+    ) {
+        // Start from a different picture: some of the running tasks missing, some varied under
+        // their key, another snapshot's tasks (stale keys) in the mix, another worker set.
+        let shuffled_running = shuffled(&s.running, seed);
+        let mut start = Vec::new();
+        let mut removed: Vec<String> = Vec::new();
+        let mut added = Vec::new();
+        for (i, rt) in shuffled_running.iter().enumerate() {
+            match (seed.rotate_left(i as u32 * 3) >> 5) % 3 {
+                0 => added.push(rt.clone()),
+                1 => {
+                    start.push(varied(rt, &s.workers, seed.rotate_left(i as u32)));
+                    removed.push(rt.task.clone());
+                    added.push(rt.clone());
+                }
+                _ => start.push(rt.clone()),
+            }
+        }
+        for rt in &other.running {
+            let mut stale = rt.clone();
+            stale.task = format!("/stale{}", rt.task);
+            removed.push(stale.task.clone());
+            start.push(stale);
+        }
+        let mut kept = Cluster::new(other.workers.clone(), start.clone());
+        kept.set_workers(s.workers.clone());
+        kept.update(removed.iter().map(String::as_str), added);
+        let fresh = Cluster::new(s.workers.clone(), s.running.clone());
+        prop_assert!(kept.running().eq(fresh.running()));
+        let plan = schedule(&s, &policy);
+        prop_assert_eq!(&kept.plan(&s.pending, &s.user_spend, &policy), &plan);
+
+        // The same picture reached by a whole-state sync from the start.
+        let mut synced = Cluster::new(other.workers.clone(), start);
+        synced.sync(shuffled(&s.workers, seed), shuffled(&s.running, seed.rotate_left(7)));
+        prop_assert_eq!(&synced.plan(&s.pending, &s.user_spend, &policy), &plan);
+
+        // And the tick after: the plan applied and every ASSIGNED task started RUNNING.
+        let mut next = apply(&s, &plan);
+        for rt in &mut next.running {
+            rt.running = true;
+        }
+        kept.sync(next.workers.clone(), next.running.clone());
+        prop_assert_eq!(
+            &kept.plan(&next.pending, &next.user_spend, &policy),
+            &schedule(&next, &policy)
+        );
+        if let Some(task) = next.pending.first() {
+            prop_assert_eq!(
+                kept.explain(&next.pending, &policy, &task.task),
+                explain(&next, &policy, &task.task)
+            );
+        }
+    }
+}
+
 /// Guards the generators: a fair share of random cases must exercise each feature.
 #[test]
 fn generators_exercise_every_feature() {

@@ -202,7 +202,7 @@ impl Engine<'_> {
 
     /// Which hard constraint rules out every healthy worker.
     pub(crate) fn constraint_reason(&self, cs: usize) -> String {
-        let healthy: Vec<&Worker> = self.workers.iter().copied().filter(|w| w.healthy).collect();
+        let healthy: Vec<&Worker> = self.workers.iter().filter(|w| w.healthy).collect();
         if healthy.is_empty() {
             return "Waiting for workers: no healthy worker is registered".to_string();
         }
