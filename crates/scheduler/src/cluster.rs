@@ -15,11 +15,15 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BTreeMap;
 
 use crate::constraint::normalize;
-use crate::engine::Engine;
+use crate::engine::{CSetCache, Engine};
 use crate::explain::Explanation;
 use crate::model::{PendingTask, Plan, Policy, ResourcesExt, RunningTask, Worker};
 use iris_types::Resources;
 use rustc_hash::FxHashMap;
+
+/// How many per-worker entries (about 13 bytes each) the constraint-set cache may hold before a
+/// plan starts it afresh: 2,000,000 is ~26 MB, 200 distinct constraint lists at 10,000 workers.
+const MAX_CACHED_CSET_CELLS: usize = 2_000_000;
 
 /// Sort key for victims: lowest band first, then cheapest, then task key (= index order).
 pub(crate) type VictimKey = (Reverse<u8>, (i64, i64, i64), usize);
@@ -75,6 +79,8 @@ pub struct Cluster {
     pub(crate) variants: Variants,
     /// Solo victims (RUNNING, not in a slice, on a known worker) per variant, in victim order.
     pub(crate) solo_victims: Vec<Vec<usize>>,
+    /// What each constraint list seen so far makes of the workers; dropped when they change.
+    pub(crate) csets: CSetCache,
 }
 
 /// The order of [`Cluster::running`]. Keys are unique in practice; the worker makes the order
@@ -230,6 +236,7 @@ impl Cluster {
         if workers == self.workers {
             return;
         }
+        self.csets = CSetCache::default();
         let same_ids = workers.len() == self.workers.len()
             && workers.iter().zip(&self.workers).all(|(a, b)| a.id == b.id);
         if !same_ids {
@@ -406,13 +413,20 @@ impl Cluster {
     }
 
     /// One scheduling cycle's plan for `pending` over this cluster (see [`crate::schedule`]).
+    /// Takes `&mut self` only to keep what the plan learnt about constraints for the next one.
     pub fn plan(
-        &self,
+        &mut self,
         pending: &[PendingTask],
         user_spend: &BTreeMap<String, i64>,
         policy: &Policy,
     ) -> Plan {
-        Engine::new(self, pending, policy).run(user_spend)
+        let mut cache = std::mem::take(&mut self.csets);
+        if cache.entries() * self.workers.len().max(1) > MAX_CACHED_CSET_CELLS {
+            cache = CSetCache::default();
+        }
+        let (plan, cache) = Engine::new(self, cache, pending, policy).run(user_spend);
+        self.csets = cache;
+        plan
     }
 
     /// [`crate::explain`] over this cluster and `pending`.

@@ -3,6 +3,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::cluster::Cluster;
 use crate::constraint::{canonical, normalize, satisfied};
@@ -118,14 +119,42 @@ impl Capacity {
     }
 }
 
-/// Workers evaluated once against one distinct list of constraints.
-pub(crate) struct CSet<'a> {
-    pub(crate) hard: Vec<&'a Constraint>,
+/// What one distinct list of constraints makes of the workers. It depends on the workers alone,
+/// so the [`Cluster`] keeps it from plan to plan until they change.
+pub(crate) struct CSetBase {
     /// Healthy and satisfies every hard constraint.
     pub(crate) eligible: Vec<bool>,
     /// Number of preferred constraints satisfied.
     pub(crate) soft_score: Vec<u32>,
-    /// Index into `Engine::finders`: eligible workers by soft score (desc), then id.
+    /// Eligible workers by soft score (desc), then id.
+    ranked: Vec<usize>,
+    /// Equal for bases with equal `ranked` lists: they share a first-fit index in a plan.
+    ranking: usize,
+}
+
+/// [`CSetBase`]s by constraint-list key, and what builds them, kept across plans.
+#[derive(Clone, Default)]
+pub(crate) struct CSetCache {
+    bases: FxHashMap<String, Arc<CSetBase>>,
+    /// Per distinct constraint (ignoring its mode): whether each worker satisfies it.
+    matches: FxHashMap<String, Arc<Vec<bool>>>,
+    /// Distinct ranked lists, numbered.
+    rankings: FxHashMap<Vec<usize>, usize>,
+}
+
+impl CSetCache {
+    /// Constraint lists, constraints and rankings held.
+    pub(crate) fn entries(&self) -> usize {
+        self.bases.len() + self.matches.len() + self.rankings.len()
+    }
+}
+
+/// Workers evaluated once against one distinct list of constraints.
+pub(crate) struct CSet<'a> {
+    pub(crate) hard: Vec<&'a Constraint>,
+    /// Eligibility and soft scores (see [`CSetBase`]).
+    pub(crate) base: Arc<CSetBase>,
+    /// Index into `Engine::finders`.
     finder: usize,
     /// Requests that found no worker during the placement pass. Capacity only shrinks during
     /// that pass, so any request that covers one of these fails too.
@@ -200,12 +229,13 @@ pub(crate) struct Engine<'a> {
     pub(crate) slices: &'a BTreeMap<String, Vec<usize>>,
     pub(crate) evicted: Vec<bool>,
     pub(crate) csets: Vec<CSet<'a>>,
-    cset_ids: BTreeMap<String, usize>,
-    /// Per distinct constraint (ignoring its mode): whether each worker satisfies it.
-    constraint_matches: BTreeMap<String, Vec<bool>>,
+    cset_ids: FxHashMap<String, usize>,
+    /// Worker-derived constraint facts, borrowed from the cluster for the plan.
+    cache: CSetCache,
     /// First-fit indexes, shared by constraint sets that rank workers identically.
     finders: Vec<Finder>,
-    finder_ids: BTreeMap<Vec<usize>, usize>,
+    /// Finder per ranking number.
+    finder_ids: FxHashMap<usize, usize>,
     /// `groups(cs, key, None)` results; group membership does not change during a cycle.
     group_cache: BTreeMap<(usize, String), Vec<Group>>,
     /// Gangs that found no group during placement, by shape, with the reason after the job's
@@ -226,6 +256,7 @@ pub(crate) struct Engine<'a> {
 impl<'a> Engine<'a> {
     pub(crate) fn new(
         cluster: &'a Cluster,
+        cache: CSetCache,
         pending: &'a [PendingTask],
         policy: &'a Policy,
     ) -> Engine<'a> {
@@ -269,10 +300,10 @@ impl<'a> Engine<'a> {
             on_worker: &cluster.on_worker,
             slices: &cluster.slices,
             csets: Vec::new(),
-            cset_ids: BTreeMap::new(),
-            constraint_matches: BTreeMap::new(),
+            cset_ids: FxHashMap::default(),
+            cache,
             finders: Vec::new(),
-            finder_ids: BTreeMap::new(),
+            finder_ids: FxHashMap::default(),
             group_cache: BTreeMap::new(),
             gang_failed: BTreeMap::new(),
             job_cset: vec![None; n_jobs],
@@ -351,16 +382,22 @@ impl<'a> Engine<'a> {
     }
 
     /// Whether each worker satisfies `c` (errors = no), computed once per distinct constraint.
-    fn matches_of(&mut self, c: &Constraint) -> &[bool] {
+    fn matches_of(&mut self, c: &Constraint) -> Arc<Vec<bool>> {
         let mut key = String::new();
         push_constraint_key(&mut key, c);
-        let workers = &self.workers;
-        self.constraint_matches.entry(key).or_insert_with(|| {
-            workers
-                .iter()
-                .map(|w| satisfied(c, &w.attributes))
-                .collect()
-        })
+        let workers = self.workers;
+        self.cache
+            .matches
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(
+                    workers
+                        .iter()
+                        .map(|w| satisfied(c, &w.attributes))
+                        .collect(),
+                )
+            })
+            .clone()
     }
 
     fn intern_cset(&mut self, constraints: &'a [Constraint]) -> usize {
@@ -372,7 +409,40 @@ impl<'a> Engine<'a> {
         if let Some(&cs) = self.cset_ids.get(&key) {
             return cs;
         }
-        let hard: Vec<&Constraint> = constraints.iter().filter(|c| c.required).collect();
+        let base = match self.cache.bases.get(&key) {
+            Some(base) => base.clone(),
+            None => {
+                let base = Arc::new(self.cset_base(constraints));
+                self.cache.bases.insert(key.clone(), base.clone());
+                base
+            }
+        };
+        let finder = match self.finder_ids.get(&base.ranking) {
+            Some(&f) => f,
+            None => {
+                let f = self.finders.len();
+                self.finders.push(if f < MAX_TREES {
+                    Finder::Tree(FirstFit::new(base.ranked.clone(), &self.cap))
+                } else {
+                    Finder::Scan(base.ranked.clone())
+                });
+                self.finder_ids.insert(base.ranking, f);
+                f
+            }
+        };
+        let cs = self.csets.len();
+        self.csets.push(CSet {
+            hard: constraints.iter().filter(|c| c.required).collect(),
+            base,
+            finder,
+            failed: Vec::new(),
+        });
+        self.cset_ids.insert(key, cs);
+        cs
+    }
+
+    /// Evaluates the workers against `constraints` (see [`CSetBase`]).
+    fn cset_base(&mut self, constraints: &[Constraint]) -> CSetBase {
         let mut eligible: Vec<bool> = self.workers.iter().map(|w| w.healthy).collect();
         let mut soft_score = vec![0; self.workers.len()];
         for c in constraints {
@@ -392,29 +462,14 @@ impl<'a> Engine<'a> {
         }
         let mut ranked: Vec<usize> = (0..self.workers.len()).filter(|&w| eligible[w]).collect();
         ranked.sort_by_key(|&w| (Reverse(soft_score[w]), w));
-        let finder = match self.finder_ids.get(&ranked) {
-            Some(&f) => f,
-            None => {
-                let f = self.finders.len();
-                self.finders.push(if f < MAX_TREES {
-                    Finder::Tree(FirstFit::new(ranked.clone(), &self.cap))
-                } else {
-                    Finder::Scan(ranked.clone())
-                });
-                self.finder_ids.insert(ranked, f);
-                f
-            }
-        };
-        let cs = self.csets.len();
-        self.csets.push(CSet {
-            hard,
+        let next = self.cache.rankings.len();
+        let ranking = *self.cache.rankings.entry(ranked.clone()).or_insert(next);
+        CSetBase {
             eligible,
             soft_score,
-            finder,
-            failed: Vec::new(),
-        });
-        self.cset_ids.insert(key, cs);
-        cs
+            ranked,
+            ranking,
+        }
     }
 
     pub(crate) fn assign(&mut self, p: usize, w: usize) {
@@ -427,8 +482,9 @@ impl<'a> Engine<'a> {
         self.status[p] = Status::Assigned;
     }
 
-    /// Runs placement, explains what is left, then runs preemption.
-    pub(crate) fn run(mut self, user_spend: &BTreeMap<String, i64>) -> Plan {
+    /// Runs placement, explains what is left, then runs preemption. Hands back the constraint
+    /// facts for the cluster to keep.
+    pub(crate) fn run(mut self, user_spend: &BTreeMap<String, i64>) -> (Plan, CSetCache) {
         let order = order_pending(self.pending, user_spend);
         let units = self.units(&order);
         let mut job_seen: Vec<usize> = vec![0; self.job_cset.len()];
@@ -441,7 +497,7 @@ impl<'a> Engine<'a> {
         }
         self.explain_unplaced();
         self.preemption_pass(&units);
-        self.plan
+        (self.plan, self.cache)
     }
 
     fn place_solo(&mut self, p: usize, job_seen: &mut [usize], job_block: &mut [Option<usize>]) {
@@ -506,7 +562,7 @@ impl<'a> Engine<'a> {
         let set = &self.csets[cs];
         let mut by_value: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         for (w, worker) in self.workers.iter().enumerate() {
-            if !set.eligible[w] || within.is_some_and(|s| !s.contains(&w)) {
+            if !set.base.eligible[w] || within.is_some_and(|s| !s.contains(&w)) {
                 continue;
             }
             if let Some(v) = worker.attributes.get(key) {
@@ -519,7 +575,7 @@ impl<'a> Engine<'a> {
                 workers.sort_by_cached_key(|&w| host_order_key(&self.workers[w]));
                 let score = workers
                     .iter()
-                    .map(|&w| set.soft_score[w])
+                    .map(|&w| set.base.soft_score[w])
                     .min()
                     .unwrap_or(0);
                 Group {
@@ -548,7 +604,7 @@ impl<'a> Engine<'a> {
             let cs = &self.csets[css[k]];
             let pos = hosts[next..]
                 .iter()
-                .position(|&w| cs.eligible[w] && self.cap.can_host(w, req))?;
+                .position(|&w| cs.base.eligible[w] && self.cap.can_host(w, req))?;
             picks.push(hosts[next + pos]);
             // A pooled host takes further members of the same gang; any other host one each.
             next += if self.workers[hosts[next + pos]].pooled {
@@ -654,7 +710,7 @@ impl<'a> Engine<'a> {
             Some((room, value)) => {
                 let _ = write!(tail, "; best group '{value}' has {room} with room now");
             }
-            None if !self.csets[cs].eligible.contains(&true) => {
+            None if !self.csets[cs].base.eligible.contains(&true) => {
                 let _ = write!(tail, "; {}", self.constraint_reason(cs));
             }
             None => {

@@ -220,7 +220,7 @@ pub(crate) fn explain_in(
     policy: &Policy,
     task: &str,
 ) -> Option<Explanation> {
-    let mut engine = Engine::new(cluster, pending, policy);
+    let mut engine = Engine::new(cluster, cluster.csets.clone(), pending, policy);
     let p = pending.iter().position(|t| t.task == task)?;
     let t = &pending[p];
     let cs = engine.cset_for(p);

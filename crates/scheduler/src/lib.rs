@@ -92,9 +92,6 @@ pub use order::order_pending;
 /// A controller that plans tick after tick keeps a [`Cluster`] instead and brings it up to date
 /// with what changed; this function builds one for the call.
 pub fn schedule(snapshot: &Snapshot, policy: &Policy) -> Plan {
-    Cluster::new(snapshot.workers.clone(), snapshot.running.clone()).plan(
-        &snapshot.pending,
-        &snapshot.user_spend,
-        policy,
-    )
+    let mut cluster = Cluster::new(snapshot.workers.clone(), snapshot.running.clone());
+    cluster.plan(&snapshot.pending, &snapshot.user_spend, policy)
 }

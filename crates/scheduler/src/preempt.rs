@@ -180,7 +180,7 @@ impl<'a> Engine<'a> {
                 let Some(w) = self.running_worker[r] else {
                     continue;
                 };
-                if !self.csets[cs].eligible[w] || self.cap.closed(w) {
+                if !self.csets[cs].base.eligible[w] || self.cap.closed(w) {
                     continue;
                 }
                 let mut freed = self.cap.free[w].clone();
@@ -342,7 +342,7 @@ impl<'a> Engine<'a> {
             // (victim count, position in host order, worker, victims)
             let mut usable: Vec<(usize, usize, usize, Vec<usize>)> = Vec::new();
             for (pos, &w) in g.workers.iter().enumerate() {
-                if self.cap.closed(w) || !css.iter().all(|&c| self.csets[c].eligible[w]) {
+                if self.cap.closed(w) || !css.iter().all(|&c| self.csets[c].base.eligible[w]) {
                     continue;
                 }
                 if let Some(victims) = self.cotenant_victims(w, band, &need) {

@@ -469,6 +469,8 @@ proptest! {
             start.push(stale);
         }
         let mut kept = Cluster::new(other.workers.clone(), start.clone());
+        // A plan over the old workers first: what it learnt about them must not outlive them.
+        kept.plan(&other.pending, &other.user_spend, &policy);
         kept.set_workers(s.workers.clone());
         kept.update(removed.iter().map(String::as_str), added);
         let fresh = Cluster::new(s.workers.clone(), s.running.clone());

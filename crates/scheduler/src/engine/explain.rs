@@ -35,6 +35,9 @@ struct Explainer {
 impl Engine<'_> {
     pub(super) fn explain_unplaced(&mut self) {
         let mut memo = Explainer::default();
+        // Collected, then built into the map at once (sorted, then bulk-loaded): cheaper than
+        // one insertion per task at tens of thousands of reasons.
+        let mut reasons = Vec::with_capacity(self.pending.len());
         for p in 0..self.pending.len() {
             let t = &self.pending[p];
             let reason = match &self.status[p] {
@@ -58,7 +61,12 @@ impl Engine<'_> {
                     }
                 }
             };
-            self.plan.pending_reasons.insert(t.task.clone(), reason);
+            reasons.push((t.task.clone(), reason));
+        }
+        if self.plan.pending_reasons.is_empty() {
+            self.plan.pending_reasons = reasons.into_iter().collect();
+        } else {
+            self.plan.pending_reasons.extend(reasons);
         }
     }
 
@@ -97,7 +105,7 @@ impl Engine<'_> {
     fn summarize(&self, cs: usize) -> Summary {
         let set = &self.csets[cs];
         let eligible: Vec<usize> = (0..self.workers.len())
-            .filter(|&w| set.eligible[w])
+            .filter(|&w| set.base.eligible[w])
             .collect();
         let mut best = [(i64::MIN, usize::MAX); 4];
         let mut largest = [0i64; 4];
