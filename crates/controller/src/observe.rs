@@ -95,9 +95,12 @@ fn in_one_tx(
 ) -> iris_store::Result<Vec<bool>> {
     let tx = conn.begin()?;
     let mut out = Vec::with_capacity(reports.len());
+    // Each job the batch touched is rolled up once, after all of the batch's reports.
+    let mut rollups = apply::JobRollups::default();
     for (worker_id, observed) in reports {
-        out.push(apply_one(&tx, worker_id, observed, now)?);
+        out.push(apply_one(&tx, worker_id, observed, now, &mut rollups)?);
     }
+    rollups.finish(&tx, now)?;
     tx.commit()?;
     Ok(out)
 }
@@ -107,10 +110,11 @@ fn apply_one(
     worker_id: &str,
     observed: &[Observation],
     now: i64,
+    rollups: &mut apply::JobRollups,
 ) -> iris_store::Result<bool> {
     let mut changed = false;
     for obs in observed {
-        changed |= apply::apply_observation(tx, worker_id, obs, now)?;
+        changed |= apply::apply_observation_deferred(tx, worker_id, obs, now, rollups)?;
     }
     iris_store::workers::heartbeat(tx, worker_id, now)?;
     Ok(changed)

@@ -260,6 +260,8 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         // Read under the write lock: a slice being stopped checks, under the same lock, that
         // nothing was placed on it (`crate::autoscale`).
         let draining = ctl.draining();
+        // The assignments' jobs are rolled up once each, after all of them.
+        let mut rollups = apply::JobRollups::default();
         for p in &plan.preemptions {
             apply::apply_task_event(
                 &tx,
@@ -289,10 +291,19 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
                     address: addresses.get(&a.worker).map_or("", String::as_str),
                 }
             };
-            if apply::assign(&tx, &a.task, holder, &new_uid(), band.code(), now)? {
+            if apply::assign_deferred(
+                &tx,
+                &a.task,
+                holder,
+                &new_uid(),
+                band.code(),
+                now,
+                &mut rollups,
+            )? {
                 touched.insert(a.worker.clone());
             }
         }
+        rollups.finish(&tx, now)?;
         tx.commit()?;
         // Progress: plan again right after the pause (three times this tick's cost), for what
         // the per-job and per-worker cycle caps held back, instead of waiting out the idle

@@ -14,8 +14,8 @@ pub(crate) use create::delete_job_raw;
 pub use create::{delete_job, insert_job, JobConfigRow, NewJob};
 pub use job::{apply_job_event, complete_job, kill_subtree};
 pub use task::{
-    apply_observation, apply_task_event, assign, assign_task, fail_worker, Finish, Holder,
-    Observation,
+    apply_observation, apply_observation_deferred, apply_task_event, assign, assign_deferred,
+    assign_task, fail_worker, Finish, Holder, JobRollups, Observation,
 };
 
 use std::sync::atomic::{AtomicU64, Ordering};

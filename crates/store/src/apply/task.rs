@@ -235,6 +235,33 @@ pub(crate) fn apply_task_event_raw(
     now: i64,
     source: &str,
 ) -> Result<Option<TaskState>> {
+    let mut rollups = JobRollups::default();
+    let state = apply_task_event_deferred(
+        tx,
+        task_id,
+        event,
+        exit_code,
+        finish,
+        now,
+        source,
+        &mut rollups,
+    )?;
+    rollups.finish_raw(tx, now)?;
+    Ok(state)
+}
+
+/// [`apply_task_event_raw`] with the job's rollup left to `rollups`.
+#[allow(clippy::too_many_arguments)]
+fn apply_task_event_deferred(
+    tx: &Connection,
+    task_id: &str,
+    event: &TaskEvent,
+    exit_code: Option<i32>,
+    finish: Finish,
+    now: i64,
+    source: &str,
+    rollups: &mut JobRollups,
+) -> Result<Option<TaskState>> {
     let Some((step, job_id, cascade)) =
         apply_raw(tx, task_id, event, exit_code, finish, now, source)?
     else {
@@ -258,8 +285,37 @@ pub(crate) fn apply_task_event_raw(
             apply_raw(tx, &sib, &ev, None, Finish::AwaitWorker, now, CONTROLLER)?;
         }
     }
-    recompute_job(tx, &job_id, now)?;
+    rollups.note(job_id);
     Ok(Some(step.task))
+}
+
+/// Jobs whose tasks changed during a batch of task transitions (one tick's assignments, one
+/// observation-writer transaction), each rolled up once at the end of the batch instead of after
+/// every transition: the rollup reads every task of the job, so per transition it cost
+/// O(tasks²) per job (BENCHMARKS, C1M). Task transitions never read their job's state, so the
+/// only difference is order within the batch: a job that turns terminal part-way kills its
+/// unfinished tasks after the batch's other reports of that job are applied, not before.
+#[derive(Debug, Default)]
+pub struct JobRollups {
+    jobs: std::collections::BTreeSet<String>,
+}
+
+impl JobRollups {
+    fn note(&mut self, job_id: String) {
+        self.jobs.insert(job_id);
+    }
+
+    /// Rolls up every job noted, inside the batch's transaction.
+    pub fn finish(self, tx: &Tx<'_>, now: i64) -> Result<()> {
+        self.finish_raw(&tx.tx, now)
+    }
+
+    fn finish_raw(self, tx: &Connection, now: i64) -> Result<()> {
+        for job_id in &self.jobs {
+            recompute_job(tx, job_id, now)?;
+        }
+        Ok(())
+    }
 }
 
 /// Where an attempt runs: on a worker daemon (a `workers` row, dialled at its address) or in an
@@ -300,6 +356,22 @@ pub fn assign(
     uid: &str,
     band: i32,
     now: i64,
+) -> Result<bool> {
+    let mut rollups = JobRollups::default();
+    let placed = assign_deferred(tx, task_id, holder, uid, band, now, &mut rollups)?;
+    rollups.finish(tx, now)?;
+    Ok(placed)
+}
+
+/// [`assign`] with the job's rollup left to `rollups` (one per job for a tick's assignments).
+pub fn assign_deferred(
+    tx: &Tx<'_>,
+    task_id: &str,
+    holder: Holder<'_>,
+    uid: &str,
+    band: i32,
+    now: i64,
+    rollups: &mut JobRollups,
 ) -> Result<bool> {
     let tx = &tx.tx;
     let Some((row, ctx, _)) = load_task(tx, task_id)? else {
@@ -361,7 +433,7 @@ pub fn assign(
         &message,
         CONTROLLER,
     )?;
-    recompute_job(tx, &row.job_id, now)?;
+    rollups.note(row.job_id);
     Ok(true)
 }
 
@@ -385,6 +457,21 @@ pub fn apply_observation(
     worker_id: &str,
     obs: &Observation,
     now: i64,
+) -> Result<bool> {
+    let mut rollups = JobRollups::default();
+    let changed = apply_observation_deferred(tx, worker_id, obs, now, &mut rollups)?;
+    rollups.finish(tx, now)?;
+    Ok(changed)
+}
+
+/// [`apply_observation`] with the job's rollup left to `rollups` (one per job for a batch of
+/// reconcile answers).
+pub fn apply_observation_deferred(
+    tx: &Tx<'_>,
+    worker_id: &str,
+    obs: &Observation,
+    now: i64,
+    rollups: &mut JobRollups,
 ) -> Result<bool> {
     let tx = &tx.tx;
     let att: Option<(String, i64, Option<String>, i32, bool, i64)> = tx
@@ -446,7 +533,8 @@ pub fn apply_observation(
     } else {
         None
     };
-    let applied = apply_task_event_raw(tx, &task_id, &ev, exit, Finish::Now, now, src)?;
+    let applied =
+        apply_task_event_deferred(tx, &task_id, &ev, exit, Finish::Now, now, src, rollups)?;
     Ok(applied.is_some())
 }
 

@@ -340,6 +340,114 @@ fn failed_attempts_over_max_task_failures_fail_the_job_and_finalize_its_tasks() 
     );
 }
 
+/// `report` with the job's rollup left to `rollups`.
+fn report_deferred(
+    tx: &Tx<'_>,
+    uid: &str,
+    state: TaskState,
+    exit_code: Option<i32>,
+    now: i64,
+    rollups: &mut JobRollups,
+) -> bool {
+    let obs = Observation {
+        attempt_uid: uid.into(),
+        state,
+        exit_code,
+        error: String::new(),
+        status_message: String::new(),
+        container_id: String::new(),
+    };
+    apply_observation_deferred(tx, "w1", &obs, now, rollups).expect("observation")
+}
+
+#[test]
+fn a_batch_rolls_each_job_up_once_at_its_end_as_one_report_at_a_time_would() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/batch", 3));
+    let mut rollups = JobRollups::default();
+    for (i, uid) in ["a", "b", "c"].iter().enumerate() {
+        let task = format!("/alice/batch/{i}");
+        assert!(assign_deferred(
+            &tx,
+            &task,
+            Holder::Worker {
+                id: "w1",
+                address: "127.0.0.1:1"
+            },
+            uid,
+            2,
+            T0 + 1,
+            &mut rollups,
+        )
+        .expect("assign"));
+    }
+    // Not rolled up yet: the job still says PENDING inside the batch.
+    assert_eq!(job_state(&tx, "/alice/batch"), JobState::Pending);
+    rollups.finish(&tx, T0 + 1).expect("rollup");
+    assert_eq!(job_state(&tx, "/alice/batch"), JobState::Running);
+
+    let mut rollups = JobRollups::default();
+    for uid in ["a", "b", "c"] {
+        assert!(report_deferred(
+            &tx,
+            uid,
+            TaskState::Running,
+            None,
+            T0 + 2,
+            &mut rollups
+        ));
+        assert!(report_deferred(
+            &tx,
+            uid,
+            TaskState::Succeeded,
+            Some(0),
+            T0 + 3,
+            &mut rollups
+        ));
+    }
+    rollups.finish(&tx, T0 + 3).expect("rollup");
+    let j = job_row(&tx, "/alice/batch");
+    assert_eq!(j.state, JobState::Succeeded.code());
+    assert_eq!(j.finished_at_ms, Some(T0 + 3));
+}
+
+#[test]
+fn in_a_batch_a_job_that_fails_part_way_finalizes_its_other_tasks_after_their_reports() {
+    // The one ordering a batch changes: task 0's failure fails the job (no failure allowance),
+    // but task 1's success in the same batch is applied before the rollup kills what is left.
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/race", 3));
+    assert!(assign(&tx, "/alice/race/0", "w1", "a", T0 + 1));
+    assert!(assign(&tx, "/alice/race/1", "w1", "b", T0 + 1));
+    assert!(assign(&tx, "/alice/race/2", "w1", "c", T0 + 1));
+    let mut rollups = JobRollups::default();
+    assert!(report_deferred(
+        &tx,
+        "a",
+        TaskState::Failed,
+        Some(1),
+        T0 + 2,
+        &mut rollups
+    ));
+    assert!(report_deferred(
+        &tx,
+        "b",
+        TaskState::Succeeded,
+        Some(0),
+        T0 + 2,
+        &mut rollups
+    ));
+    rollups.finish(&tx, T0 + 2).expect("rollup");
+    assert_eq!(job_state(&tx, "/alice/race"), JobState::Failed);
+    assert_eq!(task_state(&tx, "/alice/race/0"), TaskState::Failed);
+    assert_eq!(task_state(&tx, "/alice/race/1"), TaskState::Succeeded);
+    assert_eq!(task_state(&tx, "/alice/race/2"), TaskState::Killed);
+}
+
 #[test]
 fn fail_worker_sends_the_current_attempt_down_worker_failed_and_requeues() {
     let mut db = db();
