@@ -274,7 +274,9 @@ impl Controller {
         let started = std::time::Instant::now();
         let size = batch.len();
         let mut conn = self.db();
-        let workers = self.feasibility_workers(&*conn);
+        // Under the writer's lock nothing else commits: the generation and the rows agree.
+        let generation = iris_store::workers::generation();
+        let workers = self.feasibility_workers(&*conn, generation);
         let prepared = match workers {
             Ok(w) => conn.begin().map(|tx| (w, tx)).map_err(Error::from),
             Err(e) => Err(e),
@@ -572,8 +574,9 @@ impl Controller {
     fn feasibility_workers(
         &self,
         conn: &impl iris_store::Read,
+        generation: u64,
     ) -> Result<Vec<iris_scheduler::Worker>> {
-        let mut workers = self.placement_targets(conn)?;
+        let mut workers = self.placement_targets(conn, generation)?;
         for g in &self.cfg.groups {
             for i in 0..g.max_workers.max(1) {
                 workers.push(g.worker(format!("{}#{i}", g.name)));

@@ -33,6 +33,7 @@ impl Controller {
             .collect();
         let (status, snapshot, job_band) = {
             let snap = lock(&self.snap);
+            let generation = iris_store::workers::generation();
             let tx = snap.begin_read()?;
             let Some(status) = crate::views::task(&tx, &req.task_id, &reasons)? else {
                 return Err(Error::not_found(format!(
@@ -42,7 +43,11 @@ impl Controller {
                 )));
             };
             let job_band = self.spec(&tx, task.job.as_str())?.map(|s| s.band);
-            (status, crate::tick::read_snapshot(self, &tx)?, job_band)
+            (
+                status,
+                crate::tick::read_snapshot(self, &tx, generation)?,
+                job_band,
+            )
         };
         let state = TaskState::from_code(status.state.unwrap_or_default());
         let mut out = pb::ExplainTaskResponse {

@@ -94,6 +94,8 @@ pub struct Controller {
     /// Workers and running tasks indexed as of the last tick: each tick applies only what
     /// changed since (`Cluster::sync`) instead of re-indexing every running task.
     cluster: Mutex<iris_scheduler::Cluster>,
+    /// The worker rows last read, by workers' generation (`tick::WorkerRows`).
+    worker_rows: Mutex<Option<tick::WorkerRows>>,
     wake: Notify,
     workers: Mutex<HashMap<String, WorkerLink>>,
     /// Workers that registered with, or answered a reconcile from, this run of the controller.
@@ -235,6 +237,7 @@ impl Controller {
             backend_targets: Mutex::new(BTreeMap::new()),
             snap: Mutex::new(snap),
             cluster: Mutex::new(iris_scheduler::Cluster::default()),
+            worker_rows: Mutex::new(None),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),
             confirmed: Mutex::new(std::collections::HashSet::new()),

@@ -89,11 +89,42 @@ fn worker_rows(conn: &impl Read) -> Result<Vec<Worker>> {
         .collect())
 }
 
+/// The worker rows as of one [`iris_store::workers::generation`]: the tick and every admission
+/// batch need all of them (5,000 workers and their attributes at C1M shape), and they change only
+/// when a worker registers or goes.
+pub(crate) struct WorkerRows {
+    generation: u64,
+    workers: Vec<Worker>,
+}
+
 impl Controller {
     /// Everything work may be placed on: the worker daemons and, as pooled targets, the
-    /// in-process backends (which have no worker rows).
-    pub(crate) fn placement_targets(&self, conn: &impl Read) -> Result<Vec<Worker>> {
-        let mut targets = worker_rows(conn)?;
+    /// in-process backends (which have no worker rows). `generation` is the workers' generation
+    /// taken before `conn`'s read transaction first read (or, on the writer connection, under
+    /// its lock): rows read at that generation are reused until it moves.
+    pub(crate) fn placement_targets(
+        &self,
+        conn: &impl Read,
+        generation: u64,
+    ) -> Result<Vec<Worker>> {
+        let cached = lock(&self.worker_rows)
+            .as_ref()
+            .filter(|c| c.generation == generation)
+            .map(|c| c.workers.clone());
+        let mut targets = match cached {
+            Some(w) => w,
+            None => {
+                let rows = worker_rows(conn)?;
+                let mut cache = lock(&self.worker_rows);
+                if cache.as_ref().is_none_or(|c| c.generation <= generation) {
+                    *cache = Some(WorkerRows {
+                        generation,
+                        workers: rows.clone(),
+                    });
+                }
+                rows
+            }
+        };
         targets.extend(self.backend_targets());
         iris_scheduler::enrich_with_availability(&mut targets);
         Ok(targets)
@@ -110,8 +141,8 @@ pub(crate) fn new_uid() -> String {
 /// the tasks holding resources on them, every pending local task with its effective band
 /// (budgets, §4.7) and each user's spend. The control tick plans over it and `ExplainTask`
 /// explains over it, so an explanation and a placement start from the same picture.
-pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read) -> Result<Snapshot> {
-    let mut workers = ctl.placement_targets(tx)?;
+pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read, generation: u64) -> Result<Snapshot> {
+    let mut workers = ctl.placement_targets(tx, generation)?;
     {
         // A worker of a previous run that has not come back gets nothing until it does.
         let confirmed = lock(&ctl.confirmed);
@@ -180,11 +211,12 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     let now = iris_store::now_ms();
     let mut touched = BTreeSet::new();
     let snap = lock(&ctl.snap);
+    let generation = iris_store::workers::generation();
     let tx = snap.begin_read()?;
     let expired = snapshot::past_scheduling_deadline(&tx, now)?;
     let timed_out = snapshot::past_execution_timeout(&tx, now)?;
     let addresses = iris_store::workers::addresses(&tx)?;
-    let snapshot = read_snapshot(ctl, &tx)?;
+    let snapshot = read_snapshot(ctl, &tx, generation)?;
     drop(tx);
     drop(snap);
     let pending_by_band: Vec<(&'static str, i64)> = Band::ALL

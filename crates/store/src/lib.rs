@@ -50,6 +50,8 @@ pub struct Db {
 /// and dropping it rolls back.
 pub struct Tx<'a> {
     tx: rusqlite::Transaction<'a>,
+    /// Some worker row or attribute was written: committing bumps [`workers::generation`].
+    workers_changed: std::cell::Cell<bool>,
 }
 
 impl Raw for Db {
@@ -92,6 +94,7 @@ impl Db {
             tx: self
                 .conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?,
+            workers_changed: std::cell::Cell::new(false),
         })
     }
 
@@ -100,6 +103,7 @@ impl Db {
     pub fn begin_read(&self) -> Result<Tx<'_>> {
         Ok(Tx {
             tx: self.conn.unchecked_transaction()?,
+            workers_changed: std::cell::Cell::new(false),
         })
     }
 }
@@ -107,7 +111,12 @@ impl Db {
 impl Tx<'_> {
     /// Commits the transaction.
     pub fn commit(self) -> Result<()> {
-        Ok(self.tx.commit()?)
+        let workers_changed = self.workers_changed.get();
+        self.tx.commit()?;
+        if workers_changed {
+            workers::bump_generation();
+        }
+        Ok(())
     }
 
     /// Runs `f` inside a savepoint: its writes are kept if it returns `Ok` and rolled back if it

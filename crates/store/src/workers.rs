@@ -4,6 +4,7 @@ use crate::{Raw, Read, Result, Tx};
 use iris_types::{AttrValue, Resources, TaskState};
 use rusqlite::{params, OptionalExtension};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
 /// What a worker registers.
@@ -30,8 +31,25 @@ pub struct Registration {
     pub metadata_blob: Vec<u8>,
 }
 
+/// Bumped after every commit that wrote a worker row or its attributes (registration,
+/// removal). A reader that takes the generation *before* its read transaction's first read
+/// and finds it unchanged later may reuse what it read: a write committed after that read
+/// bumps it afterwards. Shared by every DB in the process, so another controller's writes
+/// (tests run several) only cost a re-read.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The workers' generation (see [`GENERATION`]).
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+pub(crate) fn bump_generation() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
 /// Inserts or updates a worker and its attributes; it is healthy from now.
 pub fn upsert(tx: &Tx<'_>, r: &Registration, now: i64) -> Result<()> {
+    tx.workers_changed.set(true);
     let tx = tx.raw();
     tx.prepare_cached(
         "INSERT INTO workers(worker_id, address, md_hostname, md_ip_address, md_cpu_count, md_memory_bytes, md_disk_bytes,
@@ -288,4 +306,38 @@ fn open_rows(c: &impl Read, sql: &str, holder: &str) -> Result<Vec<DesiredRow>> 
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Db;
+
+    fn registration(id: &str) -> Registration {
+        Registration {
+            worker_id: id.into(),
+            address: "127.0.0.1:1".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_generation_moves_when_a_worker_write_commits() {
+        let mut db = Db::open_in_memory().expect("db");
+        // Other tests in this process bump it too, so only "it moved" can be checked.
+        let tx = db.begin().expect("tx");
+        upsert(&tx, &registration("w1"), 1).expect("upsert");
+        let before_commit = generation();
+        tx.commit().expect("commit");
+        assert!(
+            generation() > before_commit,
+            "registering moves the generation"
+        );
+        let g1 = generation();
+        let tx = db.begin().expect("tx");
+        crate::apply::fail_worker(&tx, "w1", 2).expect("fail worker");
+        tx.commit().expect("commit");
+        assert!(generation() > g1, "removing a worker moves the generation");
+        assert!(ids(&db).expect("ids").is_empty());
+    }
 }

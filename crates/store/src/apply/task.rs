@@ -542,6 +542,7 @@ pub fn apply_observation_deferred(
 /// open attempt on it is finished (superseded ones that still held it end WORKER_FAILED), and its
 /// row is removed. Returns the affected tasks.
 pub fn fail_worker(tx: &Tx<'_>, worker_id: &str, now: i64) -> Result<Vec<String>> {
+    tx.workers_changed.set(true);
     let tx = &tx.tx;
     let open: Vec<(String, i64, i64)> = {
         let mut st = tx.prepare_cached(
