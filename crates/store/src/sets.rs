@@ -31,9 +31,6 @@ pub(crate) static TASK_TERMINAL: LazyLock<String> =
 /// Task states holding a worker: ASSIGNED, BUILDING, RUNNING.
 pub(crate) static TASK_ACTIVE: LazyLock<String> =
     LazyLock::new(|| tasks_where(TaskState::is_active));
-/// Task states whose error explains a job's failure (terminal, not SUCCEEDED).
-pub(crate) static TASK_FAILED_ENDS: LazyLock<String> =
-    LazyLock::new(|| tasks_where(|s| s.is_terminal() && s != TaskState::Succeeded));
 /// Attempt states that charge the preemption budget once the attempt started.
 pub(crate) static ATTEMPT_PREEMPTION: LazyLock<String> = LazyLock::new(|| {
     tasks_where(|s| {
@@ -67,7 +64,6 @@ mod tests {
         assert_eq!(*JOB_LIVE, "(1,2,3)");
         assert_eq!(*TASK_LIVE_MIRROR, "(1,2,3,9)");
         assert_eq!(*ATTEMPT_PREEMPTION, "(6,7,10)");
-        assert_eq!(*TASK_FAILED_ENDS, "(5,6,7,8,10,11)");
         assert_eq!(*JOB_NOT_STARTED, "(1,2)");
     }
 }

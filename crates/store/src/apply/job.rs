@@ -3,7 +3,7 @@
 //! the task state machine.
 
 use super::task::{apply_raw, Finish};
-use crate::sets::{JOB_TERMINAL, TASK_FAILED_ENDS, TASK_TERMINAL};
+use crate::sets::{JOB_TERMINAL, TASK_TERMINAL};
 use crate::{Result, Tx};
 use iris_types::{
     job_state, job_transition, terminates_children, ErrorUpdate, JobCtx, JobEvent, JobRejected,
@@ -85,14 +85,6 @@ pub fn apply_job_event(tx: &Tx<'_>, job_id: &str, event: &JobEvent, now: i64) ->
     Ok(apply_job_raw(&tx.tx, job_id, event, now)?.is_some())
 }
 
-static FIRST_ERROR: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT error FROM tasks WHERE job_id = ?1 AND error IS NOT NULL AND state IN {}
-         ORDER BY (state = {}) DESC, finished_at_ms, task_index LIMIT 1",
-        *TASK_FAILED_ENDS,
-        TaskState::Failed.code()
-    )
-});
 static FAILED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT count(*) FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
@@ -107,6 +99,49 @@ static FIRST_FAILED_ATTEMPT_ERROR: LazyLock<String> = LazyLock::new(|| {
         TaskState::Failed.code()
     )
 });
+
+/// The task error that explains a job's failure: among tasks that ended other than SUCCEEDED
+/// with an error, FAILED ones first, then by finish time (none first, as SQLite orders NULL),
+/// then index. Fed row by row, so the rollup's one pass over the tasks finds it.
+#[derive(Default)]
+struct FirstTaskError {
+    best: Option<(ErrorRank, String)>,
+}
+
+/// Smaller explains first: not FAILED, has a finish time, the finish time, the task index.
+type ErrorRank = (bool, bool, Option<i64>, i64);
+
+impl FirstTaskError {
+    /// Considers a task in `state`; `rest` reads its (error, finished_at_ms, task_index) only if
+    /// the state can explain a failure.
+    fn offer(
+        &mut self,
+        state: TaskState,
+        rest: impl FnOnce() -> rusqlite::Result<(Option<String>, Option<i64>, i64)>,
+    ) -> rusqlite::Result<()> {
+        if !state.is_terminal() || state == TaskState::Succeeded {
+            return Ok(());
+        }
+        let (error, finished, index) = rest()?;
+        let Some(error) = error else {
+            return Ok(());
+        };
+        let key = (
+            state != TaskState::Failed,
+            finished.is_some(),
+            finished,
+            index,
+        );
+        if self.best.as_ref().is_none_or(|(k, _)| key < *k) {
+            self.best = Some((key, error));
+        }
+        Ok(())
+    }
+
+    fn into_error(self) -> Option<String> {
+        self.best.map(|(_, e)| e)
+    }
+}
 
 /// Recomputes a job's state from its tasks (§2.6) and applies it as [`JobEvent::Recomputed`];
 /// a job that went terminal finalizes its remaining tasks and, per its preemption policy, its
@@ -126,21 +161,24 @@ pub(crate) fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<(
     if cur.is_terminal() {
         return Ok(());
     }
-    let states: Vec<TaskState> = {
-        let mut st =
-            tx.prepare_cached("SELECT state FROM tasks WHERE job_id = ?1 ORDER BY task_index")?;
-        let rows = st.query_map([job_id], |r| r.get::<_, i32>(0))?;
-        rows.map(|r| r.map(|c| TaskState::from_code(c).unwrap_or(TaskState::Unspecified)))
-            .collect::<std::result::Result<_, _>>()?
-    };
+    // One pass over the job's tasks gives both their states and the first task error.
+    let mut states: Vec<TaskState> = Vec::with_capacity(num_tasks.max(0) as usize);
+    let mut first_error = FirstTaskError::default();
+    {
+        let mut st = tx.prepare_cached(
+            "SELECT state, error, finished_at_ms, task_index FROM tasks WHERE job_id = ?1 ORDER BY task_index",
+        )?;
+        let mut rows = st.query([job_id])?;
+        while let Some(r) = rows.next()? {
+            let state = TaskState::from_code(r.get(0)?).unwrap_or(TaskState::Unspecified);
+            states.push(state);
+            first_error.offer(state, || Ok((r.get(1)?, r.get(2)?, r.get(3)?)))?;
+        }
+    }
+    let first_error = first_error.into_error();
     let failed_attempts: i64 = tx
         .prepare_cached(&FAILED_ATTEMPTS)?
         .query_row([job_id], |r| r.get(0))?;
-    let first_error: Option<String> = tx
-        .prepare_cached(&FIRST_ERROR)?
-        .query_row([job_id], |r| r.get(0))
-        .optional()?
-        .flatten();
     let first_failed_attempt_error: Option<String> = if failed_attempts > 0 {
         tx.prepare_cached(&FIRST_FAILED_ATTEMPT_ERROR)?
             .query_row([job_id], |r| r.get(0))
@@ -268,4 +306,57 @@ pub fn complete_job(tx: &Tx<'_>, job_id: &str, now: i64) -> Result<bool> {
         kill_unfinished_children(tx, job_id, now)?;
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod first_error_tests {
+    use super::*;
+    use crate::sets::tasks_where;
+
+    /// The SQL this rollup used before it read the tasks once (kept as the oracle).
+    fn by_sql(conn: &Connection) -> Option<String> {
+        let sql = format!(
+            "SELECT error FROM t WHERE error IS NOT NULL AND state IN {}
+             ORDER BY (state = {}) DESC, finished_at_ms, task_index LIMIT 1",
+            tasks_where(|s| s.is_terminal() && s != TaskState::Succeeded),
+            TaskState::Failed.code()
+        );
+        conn.query_row(&sql, [], |r| r.get(0))
+            .optional()
+            .ok()
+            .flatten()
+    }
+
+    #[test]
+    fn one_pass_picks_the_error_the_sql_ordering_picked() {
+        let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let conn = Connection::open_in_memory().expect("db");
+        conn.execute_batch(
+            "CREATE TABLE t (task_index INTEGER, state INTEGER, error TEXT, finished_at_ms INTEGER)",
+        )
+        .expect("table");
+        for case in 0..500 {
+            conn.execute("DELETE FROM t", []).expect("clear");
+            let mut pass = FirstTaskError::default();
+            for index in 0..(1 + next(8) as i64) {
+                let state = TaskState::ALL[next(TaskState::ALL.len() as u64) as usize];
+                let error = (next(3) > 0).then(|| format!("e{case}-{index}"));
+                let finished = (next(3) > 0).then(|| next(4) as i64);
+                conn.execute(
+                    "INSERT INTO t VALUES (?1, ?2, ?3, ?4)",
+                    rusqlite::params![index, state.code(), error, finished],
+                )
+                .expect("row");
+                pass.offer(state, || Ok((error.clone(), finished, index)))
+                    .expect("offer");
+            }
+            assert_eq!(pass.into_error(), by_sql(&conn), "case {case}");
+        }
+    }
 }
