@@ -179,6 +179,9 @@ fn configure(conn: &Connection) -> Result<()> {
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "busy_timeout", 5000)?;
+    // Savepoints (one per submission in a group commit) journal the pages they touch; in a
+    // temp file that was a write syscall per first-touched page (14% of the admission thread).
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok(())
 }
