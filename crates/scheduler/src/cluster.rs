@@ -203,7 +203,8 @@ impl Cluster {
         }
     }
 
-    /// Counts running task `r` (already numbered) on its worker and in its slice.
+    /// Counts running task `r` (already numbered) on its worker and in its slice, keeping their
+    /// lists ascending (a fresh build meets `r` in ascending order, so it appends).
     fn hold(&mut self, r: usize) {
         let rt = &self.running[r];
         if let Some(w) = self.running_worker[r] {
@@ -211,11 +212,11 @@ impl Cluster {
             if !rt.running {
                 self.building[w] += 1;
             }
-            self.on_worker[w].push(r);
+            insert_sorted(&mut self.on_worker[w], r);
         }
         if rt.coscheduled {
             match self.slices.get_mut(rt.job.as_str()) {
-                Some(members) => members.push(r),
+                Some(members) => insert_sorted(members, r),
                 None => {
                     self.slices.insert(rt.job.clone(), vec![r]);
                 }
@@ -352,22 +353,7 @@ impl Cluster {
         self.solo_victims
             .resize(self.variants.names.len(), Vec::new());
         for r in new_idx {
-            let rt = &self.running[r];
-            if let Some(w) = self.running_worker[r] {
-                self.free[w].sub(&rt.resources);
-                if !rt.running {
-                    self.building[w] += 1;
-                }
-                insert_sorted(&mut self.on_worker[w], r);
-            }
-            if rt.coscheduled {
-                match self.slices.get_mut(rt.job.as_str()) {
-                    Some(members) => insert_sorted(members, r),
-                    None => {
-                        self.slices.insert(rt.job.clone(), vec![r]);
-                    }
-                }
-            }
+            self.hold(r);
             if self.is_solo_victim(r) {
                 let key = victim_key(&self.running, r);
                 let list = &mut self.solo_victims[self.variant_of[r]];

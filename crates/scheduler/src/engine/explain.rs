@@ -63,11 +63,8 @@ impl Engine<'_> {
             };
             reasons.push((t.task.clone(), reason));
         }
-        if self.plan.pending_reasons.is_empty() {
-            self.plan.pending_reasons = reasons.into_iter().collect();
-        } else {
-            self.plan.pending_reasons.extend(reasons);
-        }
+        // Nothing writes reasons before this pass (preemption only removes them afterwards).
+        self.plan.pending_reasons = reasons.into_iter().collect();
     }
 
     /// The reason of the gang whose first task is `head` (`n` hosts, constraint set `cs`) when
