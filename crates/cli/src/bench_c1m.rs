@@ -6,7 +6,7 @@
 //! terminal, and prints tasks placed per second, tasks completed per second, the controller's
 //! RSS and the DB's size.
 
-use crate::bench_memory::{rss_kib, wait_url};
+use crate::bench_memory::{cpu_seconds, rss_kib, wait_url};
 use anyhow::{bail, Context};
 use clap::Args;
 use iris_proto::cluster::controller as c;
@@ -180,6 +180,8 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
         let base_assign = counter(&http, &url, "iris_assignments_total").await?;
 
         let t0 = Instant::now();
+        let fleet_pid = fleet.as_ref().map_or(0, |f| f.id());
+        let cpu0 = (cpu_seconds(ctl.id())?, cpu_seconds(fleet_pid)?);
         let clients = a.clients.max(1);
         let mut handles = Vec::new();
         for k in 0..clients {
@@ -250,6 +252,10 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };
+        let cpu = (
+            cpu_seconds(ctl.id())? - cpu0.0,
+            cpu_seconds(fleet_pid)? - cpu0.1,
+        );
         let assigned = counter(&http, &url, "iris_assignments_total").await? - base_assign;
         let (rss, hwm) = rss_kib(ctl.id())?;
         let db = ["controller.sqlite3", "controller.sqlite3-wal"]
@@ -288,6 +294,15 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
             peak_rss as f64 / 1024.0,
             hwm as f64 / 1024.0,
             db as f64 / 1_048_576.0
+        );
+        // CPU time varies less than wall time on a shared machine: compare binaries by it too.
+        println!(
+            "CPU from submit to the end: controller {:.1} s ({:.0} µs per task), simulated fleet \
+             {:.1} s, over {done_s:.1} s of wall time on {} cores",
+            cpu.0,
+            cpu.0 * 1e6 / tasks.max(1) as f64,
+            cpu.1,
+            std::thread::available_parallelism().map_or(1, |n| n.get())
         );
         Ok::<_, anyhow::Error>(())
     }

@@ -23,6 +23,31 @@ pub struct MemoryArgs {
     runs: usize,
 }
 
+/// CPU time `pid` has used so far (user + system), from `/proc/<pid>/stat`.
+pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = s
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .with_context(|| format!("no command name in /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .with_context(|| format!("no CPU time in /proc/{pid}/stat"))
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|&hz| hz > 0)
+        .context("the clock tick rate (sysconf CLK_TCK)")? as f64;
+    Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
 /// `VmRSS` and `VmHWM` of `pid`, in KiB.
 pub(crate) fn rss_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))

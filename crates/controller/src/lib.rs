@@ -20,6 +20,7 @@ mod inspect;
 mod limits;
 mod metrics;
 mod observe;
+mod pending;
 mod proxy;
 mod prune;
 mod reconcile;
@@ -71,7 +72,10 @@ struct WorkerLink {
 /// Shared controller state.
 pub struct Controller {
     cfg: ControllerConfig,
-    db: Mutex<Db>,
+    /// The writer connection. `parking_lot`'s lock, for its fair hand-over
+    /// (`MutexGuard::unlock_fair`): the observation writer, which would otherwise hold it back to
+    /// back, lets the tick and admission in between its transactions (`crate::observe`).
+    db: parking_lot::Mutex<Db>,
     logs: Mutex<LogDb>,
     /// finelog's stats store (`crate::stats`).
     stats: Mutex<iris_store::stats::StatsDb>,
@@ -94,6 +98,9 @@ pub struct Controller {
     /// Workers and running tasks indexed as of the last tick: each tick applies only what
     /// changed since (`Cluster::sync`) instead of re-indexing every running task.
     cluster: Mutex<iris_scheduler::Cluster>,
+    /// Pending tasks and open attempts as of the last tick: each tick re-reads only the rows
+    /// written since (`pending::Kept`).
+    kept: Mutex<pending::Kept>,
     /// The worker rows last read, by workers' generation (`tick::WorkerRows`).
     worker_rows: Mutex<Option<tick::WorkerRows>>,
     wake: Notify,
@@ -171,8 +178,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Controller {
-    fn db(&self) -> MutexGuard<'_, Db> {
-        lock(&self.db)
+    fn db(&self) -> parking_lot::MutexGuard<'_, Db> {
+        self.db.lock()
     }
 
     /// The read RPCs' connection; read in one `begin_read` transaction on it.
@@ -210,6 +217,8 @@ impl Controller {
         let readonly =
             iris_store::query::open_readonly(&db_path).context("opening read-only connection")?;
         let snap = Db::open(&db_path).context("opening snapshot connection")?;
+        // The tick re-reads thousands of scattered task and attempt rows a tick at scale.
+        snap.set_page_cache_mib(64)?;
         let endpoint_db = Db::open(&db_path).context("opening endpoint connection")?;
         let reconcile_reader = Db::open(&db_path).context("opening the reconcile reader")?;
         let rpc_reader = Db::open(&db_path).context("opening the RPC reader")?;
@@ -224,7 +233,7 @@ impl Controller {
         let (observations, observe_rx) = tokio::sync::mpsc::unbounded_channel();
         let ctl = Arc::new_cyclic(|me| Controller {
             cfg,
-            db: Mutex::new(db),
+            db: parking_lot::Mutex::new(db),
             logs: Mutex::new(logs),
             stats: Mutex::new(stats),
             usage: Mutex::new(Default::default()),
@@ -237,6 +246,7 @@ impl Controller {
             backend_targets: Mutex::new(BTreeMap::new()),
             snap: Mutex::new(snap),
             cluster: Mutex::new(iris_scheduler::Cluster::default()),
+            kept: Mutex::new(Default::default()),
             worker_rows: Mutex::new(None),
             wake: Notify::new(),
             workers: Mutex::new(HashMap::new()),
@@ -346,6 +356,10 @@ impl Controller {
         for k in gone {
             specs.remove(&k);
         }
+        drop(specs);
+        // A tick between the replacement's commit and this may have kept the new tasks with
+        // the old spec: the next one reads every pending task again, with the new.
+        lock(&self.kept).distrust();
     }
 
     /// The controller's URL as workers and clients reach it.

@@ -20,7 +20,8 @@ pub(crate) struct Report {
 
 pub(crate) type Sender = mpsc::UnboundedSender<Report>;
 
-/// Commits one batch of reports (up to 512, `crate::spawn_batcher`) and tells each sender.
+/// Commits one batch of reports (up to 512, `crate::spawn_batcher`; in transactions of about
+/// [`TX_BUDGET`]) and tells each sender.
 pub(crate) fn write_batch(ctl: &Controller, batch: Vec<Report>) {
     let reports: Vec<(&str, &[Observation])> = batch
         .iter()
@@ -55,50 +56,75 @@ impl Controller {
     }
 }
 
-/// Applies `reports` (worker, observations) and marks each worker alive, all in one
-/// transaction; returns, per report, whether it changed state (`None`: not stored). If that
-/// transaction fails, each report is applied in its own, so that one bad report cannot hold
-/// back the others.
+/// How long one of the writer's transactions may keep taking reports. The writer connection
+/// is shared with the tick's assignments and with admission; a transaction of 512 busy workers'
+/// answers held it for up to ~0.4 s at C1M shape, and submissions (a few jobs per turn) waited
+/// behind transaction after transaction (BENCHMARKS.md).
+const TX_BUDGET: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Applies `reports` (worker, observations) and marks each worker alive, in transactions of
+/// about [`TX_BUDGET`] each, handing the writer connection fairly to whoever waits in between;
+/// returns, per report, whether it changed state (`None`: not stored). If a transaction fails,
+/// its first report is applied alone, so that one bad report cannot hold back the others.
 pub(crate) fn apply_reports(
     ctl: &Controller,
     reports: &[(&str, &[Observation])],
 ) -> Vec<Option<bool>> {
-    let now = iris_store::now_ms();
-    let mut conn = ctl.db();
-    match in_one_tx(&mut conn, reports, now) {
-        Ok(changed) => changed.into_iter().map(Some).collect(),
-        Err(e) if reports.len() == 1 => {
-            tracing::error!(worker = %reports[0].0, error = %e, "applying reconcile response");
-            vec![None]
-        }
-        Err(e) => {
-            tracing::warn!(reports = reports.len(), error = %e, "applying a batch of reconcile responses; retrying each alone");
-            reports
-                .iter()
-                .map(|r| match in_one_tx(&mut conn, std::slice::from_ref(r), now) {
-                    Ok(changed) => changed.first().copied(),
-                    Err(e) => {
-                        tracing::error!(worker = %r.0, error = %e, "applying reconcile response");
-                        None
-                    }
-                })
-                .collect()
-        }
-    }
+    apply_reports_within(ctl, reports, TX_BUDGET)
 }
 
-/// Applies `reports` in one transaction: per report, whether it changed state.
+/// [`apply_reports`] with transactions of about `budget` each.
+pub(crate) fn apply_reports_within(
+    ctl: &Controller,
+    reports: &[(&str, &[Observation])],
+    budget: std::time::Duration,
+) -> Vec<Option<bool>> {
+    let mut out = Vec::with_capacity(reports.len());
+    let mut rest = reports;
+    while let Some(first) = rest.first() {
+        let now = iris_store::now_ms();
+        let mut conn = ctl.db();
+        match in_one_tx(&mut conn, rest, now, budget) {
+            Ok(changed) => {
+                rest = &rest[changed.len()..];
+                out.extend(changed.into_iter().map(Some));
+            }
+            Err(e) => {
+                tracing::warn!(worker = %first.0, error = %e, "applying reconcile responses; retrying the first alone");
+                let alone = in_one_tx(&mut conn, std::slice::from_ref(first), now, budget);
+                out.push(match alone {
+                    Ok(changed) => changed.first().copied(),
+                    Err(e) => {
+                        tracing::error!(worker = %first.0, error = %e, "applying reconcile response");
+                        None
+                    }
+                });
+                rest = &rest[1..];
+            }
+        }
+        parking_lot::MutexGuard::unlock_fair(conn);
+    }
+    out
+}
+
+/// Applies `reports` from the first, in one transaction, until `budget` has passed (at least
+/// one): per report applied, whether it changed state.
 fn in_one_tx(
     conn: &mut iris_store::Db,
     reports: &[(&str, &[Observation])],
     now: i64,
+    budget: std::time::Duration,
 ) -> iris_store::Result<Vec<bool>> {
+    let started = std::time::Instant::now();
     let tx = conn.begin()?;
     let mut out = Vec::with_capacity(reports.len());
-    // Each job the batch touched is rolled up once, after all of the batch's reports.
+    // Each job the transaction touched is rolled up once, after all of its reports.
     let mut rollups = apply::JobRollups::default();
     for (worker_id, observed) in reports {
         out.push(apply_one(&tx, worker_id, observed, now, &mut rollups)?);
+        if started.elapsed() >= budget {
+            break;
+        }
     }
     rollups.finish(&tx, now)?;
     tx.commit()?;

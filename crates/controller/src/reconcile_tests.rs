@@ -406,6 +406,31 @@ async fn a_lost_worker_in_a_stretched_fleet_is_retried_at_the_base_interval() {
     assert!(took < Duration::from_secs(10), "failed after {took:?}");
 }
 
+/// A RUNNING observation of task `t`'s attempt, from its holder or, if `fenced`, from another
+/// of `workers` (an answer the writer must refuse).
+fn running_answer(
+    ctl: &crate::Controller,
+    t: &str,
+    fenced: bool,
+    workers: [&str; 2],
+) -> (String, apply::Observation) {
+    let holder = task(ctl, t).worker_id.expect("placed");
+    let from = match (fenced, holder == workers[0]) {
+        (false, _) => holder,
+        (true, true) => workers[1].to_string(),
+        (true, false) => workers[0].to_string(),
+    };
+    let obs = apply::Observation {
+        attempt_uid: uid(ctl, t),
+        state: TaskState::Running,
+        exit_code: None,
+        error: String::new(),
+        status_message: String::new(),
+        container_id: String::new(),
+    };
+    (from, obs)
+}
+
 /// The observation writer commits many workers' answers together: each answer's verdict comes
 /// back to its own sender, and one worker reporting an attempt that is not its own changes
 /// nothing while the others in the same batch apply.
@@ -426,25 +451,8 @@ async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_att
     let mut calls = Vec::new();
     for i in 0..n {
         let t = format!("/alice/many{i:02}/0");
-        let holder = task(&ctl, &t).worker_id.expect("placed");
-        let obs = apply::Observation {
-            attempt_uid: uid(&ctl, &t),
-            state: TaskState::Running,
-            exit_code: None,
-            error: String::new(),
-            status_message: String::new(),
-            container_id: String::new(),
-        };
         // Every fourth answer comes from a worker that does not hold the attempt.
-        let from = if i % 4 == 0 {
-            if holder == "w00" {
-                "w01".to_string()
-            } else {
-                "w00".to_string()
-            }
-        } else {
-            holder
-        };
+        let (from, obs) = running_answer(&ctl, &t, i % 4 == 0, ["w00", "w01"]);
         let c = ctl.ctl.clone();
         calls.push(tokio::spawn(async move {
             (i, c.observe(&from, vec![obs]).await == Some(true))
@@ -460,5 +468,44 @@ async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_att
             assert!(changed, "{t}");
             assert_eq!(task_state(&ctl, &t), TaskState::Running, "{t}");
         }
+    }
+}
+
+/// The observation writer splits a batch into transactions of about `observe::TX_BUDGET` each
+/// (so the tick and admission get the writer in between): with no budget at all, every answer
+/// is its own transaction, and each still gets its own verdict, in order.
+#[tokio::test]
+async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdict() {
+    let ctl = controller();
+    let n = 6;
+    for i in 0..n {
+        register(&ctl, &format!("w{i}"), 1, 4 * GIB);
+        launch(&ctl, request(&format!("/alice/split{i}"), 1, 1000)).await;
+    }
+    for _ in 0..n {
+        tick(&ctl).expect("tick");
+    }
+    let mut answers: Vec<(String, Vec<apply::Observation>)> = Vec::new();
+    for i in 0..n {
+        let t = format!("/alice/split{i}/0");
+        // Every third answer comes from a worker that does not hold the attempt.
+        let (from, obs) = running_answer(&ctl, &t, i % 3 == 0, ["w0", "w1"]);
+        answers.push((from, vec![obs]));
+    }
+    let reports: Vec<(&str, &[apply::Observation])> = answers
+        .iter()
+        .map(|(w, o)| (w.as_str(), o.as_slice()))
+        .collect();
+    let verdicts = crate::observe::apply_reports_within(&ctl, &reports, std::time::Duration::ZERO);
+    let expected: Vec<Option<bool>> = (0..n).map(|i| Some(i % 3 != 0)).collect();
+    assert_eq!(verdicts, expected);
+    for i in 0..n {
+        let t = format!("/alice/split{i}/0");
+        let want = if i % 3 == 0 {
+            TaskState::Assigned
+        } else {
+            TaskState::Running
+        };
+        assert_eq!(task_state(&ctl, &t), want, "{t}");
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::error::Result;
 use crate::{lock, Controller};
-use iris_scheduler::{PendingTask, Policy, RunningTask, Snapshot, Worker};
+use iris_scheduler::{Policy, RunningTask, Snapshot, Worker};
 use iris_store::{apply, snapshot, Read};
 use iris_types::{Band, TaskEvent};
 use rand::RngCore;
@@ -137,11 +137,22 @@ pub(crate) fn new_uid() -> String {
     hex::encode(b)
 }
 
-/// What the scheduler sees, read in one transaction: workers (unconfirmed ones unhealthy),
-/// the tasks holding resources on them, every pending local task with its effective band
-/// (budgets, §4.7) and each user's spend. The control tick plans over it and `ExplainTask`
-/// explains over it, so an explanation and a placement start from the same picture.
-pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read, generation: u64) -> Result<Snapshot> {
+/// What the scheduler sees besides the pending tasks, read in one transaction: workers
+/// (unconfirmed ones unhealthy), the tasks holding resources on them, each user's spend and
+/// budget limits.
+pub(crate) struct Scene {
+    pub workers: Vec<Worker>,
+    pub running: Vec<RunningTask>,
+    pub spend: BTreeMap<String, i64>,
+    pub limits: BTreeMap<String, i64>,
+}
+
+pub(crate) fn read_scene<'h>(
+    ctl: &Controller,
+    tx: &impl Read,
+    generation: u64,
+    holdings: impl IntoIterator<Item = &'h snapshot::Holding>,
+) -> Result<Scene> {
     let mut workers = ctl.placement_targets(tx, generation)?;
     {
         // A worker of a previous run that has not come back gets nothing until it does.
@@ -153,7 +164,7 @@ pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read, generation: u64) -
         }
     }
     let mut running = Vec::new();
-    for h in snapshot::holdings(tx)? {
+    for h in holdings {
         let Some(spec) = ctl.spec(tx, &h.job_id)? else {
             continue;
         };
@@ -163,73 +174,89 @@ pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read, generation: u64) -
             running: h.running,
             coscheduled: spec.group_by.is_some(),
             device_variant: spec.device_variant.clone(),
-            task: h.task_id,
-            job: h.job_id,
-            worker: h.worker_id,
+            task: h.task_id.clone(),
+            job: h.job_id.clone(),
+            worker: h.worker_id.clone(),
         });
     }
     // Budgets (§4.7): spend per user over active non-BATCH work; over a non-zero limit, a user's
     // INTERACTIVE work is scheduled as BATCH.
-    let spend = iris_store::budgets::spend_by_user(tx)?;
-    let limits = crate::accounts::limits(tx)?;
+    Ok(Scene {
+        workers,
+        running,
+        spend: iris_store::budgets::spend_by_user(tx)?,
+        limits: crate::accounts::limits(tx)?,
+    })
+}
+
+/// What the scheduler sees, read in one transaction: [`Scene`] and every pending local task
+/// with its effective band (budgets, §4.7). `ExplainTask` explains over it; the tick plans over
+/// the same reads, with the pending tasks kept across ticks (`crate::pending`).
+pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read, generation: u64) -> Result<Snapshot> {
+    let h = read_scene(ctl, tx, generation, &snapshot::holdings(tx)?)?;
     let mut pending = Vec::new();
     for w in snapshot::waiting(tx)? {
         let Some(spec) = ctl.spec(tx, &w.job_id)? else {
             continue;
         };
-        pending.push(PendingTask {
-            user: spec.user.clone(),
-            band: crate::accounts::effective_band_of(
-                spec.band,
-                &spec.user,
-                &spend,
-                &limits,
-                ctl.cfg.budget_defaults.limit,
-            ),
-            resources: spec.resources.clone(),
-            constraints: spec.constraints.clone(),
-            group_by: spec.group_by.clone(),
-            depth: spec.depth,
-            root_submitted_ms: w.root_submitted_ms,
-            submitted_ms: w.submitted_ms,
-            insertion: w.insertion,
-            device_variant: spec.device_variant.clone(),
-            task: w.task_id,
-            job: w.job_id,
-        });
+        let mut p = crate::pending::pending_task(&spec, w);
+        p.band = crate::accounts::effective_band_of(
+            spec.band,
+            &spec.user,
+            &h.spend,
+            &h.limits,
+            ctl.cfg.budget_defaults.limit,
+        );
+        pending.push(p);
     }
     Ok(Snapshot {
-        workers,
-        running,
+        workers: h.workers,
+        running: h.running,
         pending,
-        user_spend: spend,
+        user_spend: h.spend,
     })
 }
 
 /// One control tick. Returns the workers whose desired set changed.
 pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     let now = iris_store::now_ms();
+    // Phase times for the debug line at the end (`IRIS_LOG=iris_controller::tick=debug`).
+    let started = std::time::Instant::now();
     let mut touched = BTreeSet::new();
     let snap = lock(&ctl.snap);
     let generation = iris_store::workers::generation();
+    // Taken before the read transaction's first read, so every write it names is visible to
+    // the reads below (`iris_store::changes`).
+    let taken = snap.task_changes().take();
     let tx = snap.begin_read()?;
+    // The kept sets first: nothing between the take and here may fail and drop the notes.
+    let mut kept = lock(&ctl.kept);
+    let refreshed = kept.refresh(ctl, &tx, taken)?;
+    if cfg!(debug_assertions) {
+        kept.check_against_full_read(&tx)?;
+    }
     let expired = snapshot::past_scheduling_deadline(&tx, now)?;
     let timed_out = snapshot::past_execution_timeout(&tx, now)?;
     let addresses = iris_store::workers::addresses(&tx)?;
-    let snapshot = read_snapshot(ctl, &tx, generation)?;
+    let scene = read_scene(ctl, &tx, generation, kept.holdings.iter())?;
+    let pending = &mut kept.pending;
+    pending.set_bands(ctl, &scene.spend, &scene.limits);
     drop(tx);
     drop(snap);
+    let read = started.elapsed();
+    let tasks = pending.tasks();
     let pending_by_band: Vec<(&'static str, i64)> = Band::ALL
         .iter()
         .map(|b| {
-            let n = snapshot.pending.iter().filter(|p| p.band == *b).count();
+            let n = tasks.iter().filter(|p| p.band == *b).count();
             (b.name(), n as i64)
         })
         .collect();
-    let healthy = snapshot.workers.iter().filter(|w| w.healthy).count() as i64;
-    let unhealthy = snapshot.workers.len() as i64 - healthy;
+    let healthy = scene.workers.iter().filter(|w| w.healthy).count() as i64;
+    let unhealthy = scene.workers.len() as i64 - healthy;
     ctl.metrics.tick_plan(&pending_by_band, healthy, unhealthy);
     if !expired.is_empty() || !timed_out.is_empty() {
+        drop(kept);
         let mut conn = ctl.db();
         let wtx = conn.begin()?;
         for t in &expired {
@@ -260,34 +287,38 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         ctl.wake.notify_one();
         return Ok(touched);
     }
-    if snapshot.pending.is_empty() {
+    if tasks.is_empty() {
         lock(&ctl.pending_reasons).clear();
         return Ok(touched);
     }
     // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
     // is re-validated by `transition` when applied below.
-    let bands: BTreeMap<String, Band> = snapshot
-        .pending
-        .iter()
-        .map(|p| (p.task.clone(), p.band))
-        .collect();
-    let Snapshot {
-        workers,
-        running,
-        pending,
-        user_spend,
-    } = snapshot;
     let plan = {
         let mut cluster = lock(&ctl.cluster);
-        cluster.sync(workers, running);
-        cluster.plan(&pending, &user_spend, &Policy::default())
+        cluster.sync(scene.workers, scene.running);
+        cluster.plan(tasks, &scene.spend, &Policy::default())
     };
-    drop(pending);
+    // The band each placed task goes at (budgets applied).
+    let bands: BTreeMap<String, Band> = {
+        let placed: rustc_hash::FxHashSet<&str> =
+            plan.assignments.iter().map(|a| a.task.as_str()).collect();
+        tasks
+            .iter()
+            .filter(|p| placed.contains(p.task.as_str()))
+            .map(|p| (p.task.clone(), p.band))
+            .collect()
+    };
+    let pending_n = tasks.len();
+    drop(kept);
+    let planned = started.elapsed();
+    let (mut waited_for_writer, mut rolled_up, mut committed) = Default::default();
     ctl.metrics
         .planned(plan.assignments.len(), plan.preemptions.len());
     if !plan.preemptions.is_empty() || !plan.assignments.is_empty() {
         let now = iris_store::now_ms();
+        let asked = std::time::Instant::now();
         let mut conn = ctl.db();
+        waited_for_writer = asked.elapsed();
         let tx = conn.begin()?;
         // Read under the write lock: a slice being stopped checks, under the same lock, that
         // nothing was placed on it (`crate::autoscale`).
@@ -335,8 +366,12 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
                 touched.insert(a.worker.clone());
             }
         }
+        let at = std::time::Instant::now();
         rollups.finish(&tx, now)?;
+        rolled_up = at.elapsed();
+        let at = std::time::Instant::now();
         tx.commit()?;
+        committed = at.elapsed();
         // Progress: plan again right after the pause (three times this tick's cost), for what
         // the per-job and per-worker cycle caps held back, instead of waiting out the idle
         // second. A tick that changes nothing does not re-arm itself.
@@ -353,6 +388,20 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         }
     }
     *lock(&ctl.pending_reasons) = reasons;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    tracing::debug!(
+        pending = pending_n,
+        rows_reread = refreshed.rows,
+        read_in_full = refreshed.full,
+        assigned = plan.assignments.len(),
+        read_ms = ms(read),
+        plan_ms = ms(planned - read),
+        apply_ms = ms(started.elapsed() - planned),
+        of_which_waiting_for_writer_ms = ms(waited_for_writer),
+        of_which_rollups_ms = ms(rolled_up),
+        of_which_commit_ms = ms(committed),
+        "tick"
+    );
     Ok(touched)
 }
 

@@ -151,3 +151,68 @@ async fn an_over_budget_users_work_is_placed_as_batch() {
     assert_eq!(b.get("/alice/second/0"), Some(&Band::Batch.code()));
     assert_eq!(b.get("/bob/third/0"), Some(&Band::Interactive.code()));
 }
+
+fn kept_pending(
+    ctl: &crate::Controller,
+) -> (
+    std::collections::BTreeSet<String>,
+    crate::pending::Refreshed,
+) {
+    let kept = crate::lock(&ctl.kept);
+    let tasks = kept
+        .pending
+        .tasks()
+        .iter()
+        .map(|t| t.task.clone())
+        .collect();
+    (tasks, kept.last())
+}
+
+fn pending_read_in_full(ctl: &crate::Controller) -> std::collections::BTreeSet<String> {
+    snapshot::waiting(&*ctl.db())
+        .expect("waiting")
+        .into_iter()
+        .map(|w| w.task_id)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_tick_rereads_only_the_task_rows_written_since_the_last_tick() {
+    let ctl = controller();
+    register(&ctl, "w1", 2, 16 * GIB);
+    launch(&ctl, request("/alice/a", 3, 1000)).await;
+    tick(&ctl).expect("first tick");
+    let (kept, how) = kept_pending(&ctl);
+    assert!(how.full, "the first tick reads every pending task");
+    // The set is as the tick read it, before it placed 2 of the 3 on w1's 2 cores.
+    assert_eq!(kept.len(), 3);
+    assert_eq!(pending_read_in_full(&ctl).len(), 1);
+
+    // New tasks and the rows the last tick assigned are all the next tick reads (w1 is full:
+    // it places nothing, so the set stays equal to the store's).
+    launch(&ctl, request("/alice/b", 2, 1000)).await;
+    tick(&ctl).expect("second tick");
+    let (kept, how) = kept_pending(&ctl);
+    assert!(!how.full);
+    assert_eq!(how.rows, 4, "b's 2 new rows and a's 2 assigned rows");
+    assert_eq!(kept, pending_read_in_full(&ctl));
+    assert_eq!(kept.len(), 3);
+
+    // A kill ends pending tasks in the store: they leave the set without a full read.
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        apply::kill_subtree(&tx, "/alice/b", "killed", "killed", iris_store::now_ms())
+            .expect("kill");
+        tx.commit().expect("commit");
+    }
+    tick(&ctl).expect("third tick");
+    let (kept, how) = kept_pending(&ctl);
+    assert!(!how.full);
+    assert_eq!(kept, pending_read_in_full(&ctl));
+    assert_eq!(kept.into_iter().collect::<Vec<_>>(), vec!["/alice/a/2"]);
+
+    // Nothing written: nothing re-read.
+    tick(&ctl).expect("fourth tick");
+    assert_eq!(kept_pending(&ctl).1.rows, 0);
+}

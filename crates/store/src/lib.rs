@@ -10,6 +10,7 @@
 pub mod apply;
 pub mod autoscale;
 pub mod budgets;
+pub mod changes;
 pub mod checkpoint;
 pub mod endpoints;
 pub mod events;
@@ -44,12 +45,15 @@ pub trait Read: sealed::Raw {}
 /// A connection to the controller DB.
 pub struct Db {
     conn: Connection,
+    changes: changes::Noter,
 }
 
 /// An open transaction. Every state change takes one: nothing is visible until [`Tx::commit`],
 /// and dropping it rolls back.
 pub struct Tx<'a> {
     tx: rusqlite::Transaction<'a>,
+    /// Where the `tasks` rows this transaction writes are noted (`crate::changes`).
+    changes: &'a changes::Noter,
     /// Some worker row or attribute was written: committing bumps [`workers::generation`].
     workers_changed: std::cell::Cell<bool>,
 }
@@ -74,7 +78,8 @@ impl Db {
         let conn = Connection::open(path)?;
         configure(&conn)?;
         migrate(&conn)?;
-        Ok(Db { conn })
+        let changes = changes::Noter::install(&conn, Some(path));
+        Ok(Db { conn, changes })
     }
 
     /// An in-memory DB (tests).
@@ -82,7 +87,8 @@ impl Db {
         let conn = Connection::open_in_memory()?;
         configure(&conn)?;
         migrate(&conn)?;
-        Ok(Db { conn })
+        let changes = changes::Noter::install(&conn, None);
+        Ok(Db { conn, changes })
     }
 
     /// Starts a write transaction. `BEGIN IMMEDIATE`: the write lock is taken at the start,
@@ -90,12 +96,30 @@ impl Db {
     /// it writes never fails on the upgrade (a deferred one gets `database is locked` at once,
     /// without waiting, when another connection committed after its first read).
     pub fn begin(&mut self) -> Result<Tx<'_>> {
+        // Whatever is still noted was committed outside a `Tx` or rolled back: pass it on.
+        self.changes.publish();
         Ok(Tx {
             tx: self
                 .conn
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?,
+            changes: &self.changes,
             workers_changed: std::cell::Cell::new(false),
         })
+    }
+
+    /// Lets this connection cache up to `mib` MiB of pages (SQLite's default is 2 MiB). For a
+    /// connection that reads much of a large DB often, such as the tick's: each page missing
+    /// from the cache is a `pread` and a copy.
+    pub fn set_page_cache_mib(&self, mib: u32) -> Result<()> {
+        self.conn
+            .pragma_update(None, "cache_size", -(i64::from(mib) * 1024))?;
+        Ok(())
+    }
+
+    /// The committed writes to `tasks` rows, shared by every connection to this DB's file
+    /// (`crate::changes`).
+    pub fn task_changes(&self) -> &std::sync::Arc<changes::TaskChanges> {
+        self.changes.log()
     }
 
     /// Starts a read transaction on a shared connection: one consistent snapshot for several
@@ -103,6 +127,7 @@ impl Db {
     pub fn begin_read(&self) -> Result<Tx<'_>> {
         Ok(Tx {
             tx: self.conn.unchecked_transaction()?,
+            changes: &self.changes,
             workers_changed: std::cell::Cell::new(false),
         })
     }
@@ -112,7 +137,9 @@ impl Tx<'_> {
     /// Commits the transaction.
     pub fn commit(self) -> Result<()> {
         let workers_changed = self.workers_changed.get();
+        let changes = self.changes;
         self.tx.commit()?;
+        changes.publish();
         if workers_changed {
             workers::bump_generation();
         }

@@ -1231,3 +1231,164 @@ fn the_pseudo_worker_rows_of_earlier_versions_become_backend_attempts() {
         T0 + 1
     ));
 }
+
+/// The control tick keeps its pending set from [`crate::changes`] instead of reading every
+/// pending task each time. Driven through every kind of write the store makes to tasks
+/// (submissions, assignments, reports, retries, worker loss, kills, preemptions, job
+/// replacement, pruning, rolled-back transactions), a pending set kept only from the noted
+/// rows equals a full read after every commit, and so does the set of attempts holding
+/// workers kept from the noted attempt rows; most steps are kept without a full read.
+#[test]
+fn pending_and_holding_sets_kept_from_noted_row_changes_equal_a_full_read() {
+    use crate::snapshot::{holding_rows, holdings, waiting, waiting_rows};
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut db = db();
+    // A fixed-seed xorshift: the steps are random but the same on every run.
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: usize| -> usize {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    {
+        let tx = db.begin().expect("tx");
+        for w in ["w1", "w2", "w3"] {
+            worker(&tx, w);
+        }
+        tx.commit().expect("commit");
+    }
+    let mut kept: BTreeMap<i64, String> = BTreeMap::new();
+    let mut held: BTreeMap<i64, (String, String, i32, bool)> = BTreeMap::new();
+    let holding = |h: crate::snapshot::Holding| (h.task_id, h.worker_id, h.band, h.running);
+    let (mut incremental, mut resyncs) = (0, 0);
+    let mut jobs: Vec<String> = Vec::new();
+    let mut uids: BTreeMap<String, (String, String)> = BTreeMap::new(); // task → (worker, uid)
+    for step in 0..600 {
+        let now = T0 + step as i64 * 10;
+        let tx = db.begin().expect("tx");
+        let pending: Vec<String> = waiting(&tx)
+            .expect("waiting")
+            .into_iter()
+            .map(|w| w.task_id)
+            .collect();
+        let mut commit = true;
+        match next(10) {
+            0 | 1 => {
+                let id = format!("/alice/j{step}");
+                let mut j = job(&id, 1 + next(3) as u32);
+                j.cfg.max_retries_failure = next(2) as i64;
+                j.cfg.max_retries_preemption = 1;
+                insert(&tx, &j);
+                jobs.push(id);
+            }
+            2..=4 if !pending.is_empty() => {
+                let t = &pending[next(pending.len())];
+                let w = format!("w{}", 1 + next(3));
+                let uid = format!("u{step}");
+                if assign(&tx, t, &w, &uid, now) {
+                    uids.insert(t.clone(), (w, uid));
+                }
+            }
+            5 | 6 if !uids.is_empty() => {
+                let keys: Vec<&String> = uids.keys().collect();
+                let t = keys[next(keys.len())].clone();
+                let (w, uid) = uids[&t].clone();
+                let (state, code, err) = match next(3) {
+                    0 => (TaskState::Running, None, ""),
+                    1 => (TaskState::Succeeded, Some(0), ""),
+                    _ => (TaskState::Failed, Some(1), "boom"),
+                };
+                report(&tx, &w, &uid, state, code, err, now);
+                if state != TaskState::Running {
+                    uids.remove(&t);
+                }
+            }
+            7 => {
+                let w = format!("w{}", 1 + next(3));
+                fail_worker(&tx, &w, now).expect("fail worker");
+                uids.retain(|_, (held, _)| *held != w);
+                worker(&tx, &w);
+            }
+            8 if !jobs.is_empty() => {
+                let j = jobs[next(jobs.len())].clone();
+                match next(4) {
+                    0 => {
+                        kill_subtree(&tx, &j, "killed", "killed", now).expect("kill");
+                    }
+                    1 => {
+                        // Replaced: the old job's rows go (cascading to its tasks), new ones come.
+                        delete_job(&tx, &j).expect("delete job");
+                        insert(&tx, &job(&j, 2));
+                    }
+                    2 => {
+                        crate::prune::delete_trees(&tx, std::slice::from_ref(&j)).expect("prune");
+                        jobs.retain(|x| *x != j);
+                    }
+                    _ => {
+                        if let Some(t) = pending.first() {
+                            event(&tx, t, TaskEvent::SchedulingTimeout, Finish::Now, now);
+                        }
+                    }
+                }
+                uids.retain(|t, _| !t.starts_with(&format!("{j}/")));
+            }
+            _ => {
+                // Written and rolled back: noted for nothing, never missed.
+                insert(&tx, &job(&format!("/alice/rolled{step}"), 2));
+                commit = false;
+            }
+        }
+        if commit {
+            tx.commit().expect("commit");
+        } else {
+            drop(tx);
+        }
+        let taken = db.task_changes().take();
+        let read = db.begin_read().expect("read");
+        if taken.resync {
+            resyncs += 1;
+            kept = waiting(&read)
+                .expect("waiting")
+                .into_iter()
+                .map(|w| (w.row, w.task_id))
+                .collect();
+            held = holdings(&read)
+                .expect("holdings")
+                .into_iter()
+                .map(|h| (h.row, holding(h)))
+                .collect();
+        } else {
+            incremental += 1;
+            for (row, w) in waiting_rows(&read, &taken.tasks).expect("rows") {
+                match w {
+                    Some(w) => kept.insert(row, w.task_id),
+                    None => kept.remove(&row),
+                };
+            }
+            for (row, h) in holding_rows(&read, &taken.attempts).expect("rows") {
+                match h {
+                    Some(h) => held.insert(row, holding(h)),
+                    None => held.remove(&row),
+                };
+            }
+        }
+        let full_held: BTreeMap<i64, _> = holdings(&read)
+            .expect("holdings")
+            .into_iter()
+            .map(|h| (h.row, holding(h)))
+            .collect();
+        assert_eq!(held, full_held, "step {step}: the kept holdings drifted");
+        let full: BTreeSet<String> = waiting(&read)
+            .expect("waiting")
+            .into_iter()
+            .map(|w| w.task_id)
+            .collect();
+        let mine: BTreeSet<String> = kept.values().cloned().collect();
+        assert_eq!(mine, full, "step {step}: the kept pending set drifted");
+    }
+    assert!(
+        incremental > 500 && resyncs < 60,
+        "{incremental} steps kept incrementally, {resyncs} full reads"
+    );
+}
