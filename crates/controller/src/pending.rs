@@ -61,7 +61,6 @@ impl Kept {
     /// tick. `iris_store`'s test of the change notes is what holds them exact.
     pub(crate) fn check_against_full_read(&mut self, tx: &impl Read) -> Result<()> {
         if !(self.pending.same_as_full_read(tx)? && self.holdings.same_as_full_read(tx)?) {
-            DIFFERENCES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.trusted = false;
         }
         Ok(())
@@ -134,9 +133,6 @@ pub(crate) struct PendingSet {
     /// Where each rowid's task is in `tasks`.
     at: FxHashMap<i64, usize>,
 }
-
-/// How many debug checks found the kept sets different from a full read.
-pub(crate) static DIFFERENCES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How a refresh went (for the tick's log line and the tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

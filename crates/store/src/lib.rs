@@ -52,7 +52,8 @@ pub struct Db {
 /// and dropping it rolls back.
 pub struct Tx<'a> {
     tx: rusqlite::Transaction<'a>,
-    /// Where the `tasks` rows this transaction writes are noted (`crate::changes`).
+    /// Where the `tasks` and `task_attempts` rows this transaction writes are noted
+    /// (`crate::changes`).
     changes: &'a changes::Noter,
     /// Some worker row or attribute was written: committing bumps [`workers::generation`].
     workers_changed: std::cell::Cell<bool>,
