@@ -302,13 +302,28 @@ pub struct Client {
 /// tells it to register afresh instead of waiting out its heartbeat timeout.
 pub const FENCE_HEADER: &str = "x-iris-fence";
 
+/// The process's one HTTP client: its connection pool is keyed by host, so every [`Client`]
+/// shares it. Building a `reqwest::Client` reads the system's CA certificates (a few ms of
+/// CPU); a controller that built one per worker spent a fifth of its CPU doing that while a
+/// 5,000-worker fleet registered.
+fn shared_http() -> Result<reqwest::Client, RpcError> {
+    static SHARED: std::sync::OnceLock<Result<reqwest::Client, String>> =
+        std::sync::OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .pool_max_idle_per_host(64)
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| RpcError::internal(format!("http client: {e}")))
+}
+
 impl Client {
     pub fn new(base: &str) -> Result<Self, RpcError> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(64)
-            .build()
-            .map_err(|e| RpcError::internal(format!("http client: {e}")))?;
+        let http = shared_http()?;
         Ok(Client {
             http,
             base: base.trim_end_matches('/').to_string(),

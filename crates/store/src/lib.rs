@@ -365,6 +365,35 @@ mod tests {
         assert_eq!(n as usize, schema::MIGRATIONS.len());
     }
 
+    /// Migration 0009 counts the failed attempts each job already has: the DB the release
+    /// before it wrote (one job whose only attempt failed, one that succeeded) comes out with
+    /// counts of 1 and 0, and the triggers keep them from then on.
+    #[test]
+    fn job_failed_attempt_counts_are_backfilled_from_the_release_before() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../cli/tests/fixtures/upgrade/0008_backends_without_worker_rows");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("controller.sqlite3");
+        std::fs::copy(fixture.join("controller.sqlite3"), &p).expect("copy the fixture");
+        let applied = testing::migrate_step_by_step(&p).expect("migrate");
+        assert!(
+            applied.iter().any(|m| m == "0009_lighter_task_writes"),
+            "{applied:?}"
+        );
+        let c = Db::open(&p).expect("open");
+        let count = |job: &str| -> i64 {
+            c.conn
+                .query_row(
+                    "SELECT failed_attempts FROM jobs WHERE job_id = ?1",
+                    [job],
+                    |r| r.get(0),
+                )
+                .expect("count")
+        };
+        assert_eq!(count("/fixture/upgrade-fail"), 1);
+        assert_eq!(count("/fixture/upgrade-ok"), 0);
+    }
+
     #[test]
     fn newer_schema_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");

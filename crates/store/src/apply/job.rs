@@ -85,13 +85,6 @@ pub fn apply_job_event(tx: &Tx<'_>, job_id: &str, event: &JobEvent, now: i64) ->
     Ok(apply_job_raw(&tx.tx, job_id, event, now)?.is_some())
 }
 
-static FAILED_ATTEMPTS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT count(*) FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
-         WHERE t.job_id = ?1 AND a.state = {}",
-        TaskState::Failed.code()
-    )
-});
 static FIRST_FAILED_ATTEMPT_ERROR: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT a.error FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
@@ -147,14 +140,24 @@ impl FirstTaskError {
 /// a job that went terminal finalizes its remaining tasks and, per its preemption policy, its
 /// descendants.
 pub(crate) fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
-    let row: Option<(i32, bool, i64, i32, i64)> = tx
+    let row: Option<(i32, bool, i64, i32, i64, i64)> = tx
         .prepare_cached(
-            "SELECT j.state, j.started_at_ms IS NOT NULL, c.max_task_failures, c.preemption_policy, j.num_tasks
+            "SELECT j.state, j.started_at_ms IS NOT NULL, c.max_task_failures, c.preemption_policy,
+                    j.num_tasks, j.failed_attempts
              FROM jobs j JOIN job_config c ON c.job_id = j.job_id WHERE j.job_id = ?1",
         )?
-        .query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .query_row([job_id], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
         .optional()?;
-    let Some((cur, started, max_task_failures, policy, num_tasks)) = row else {
+    let Some((cur, started, max_task_failures, policy, num_tasks, failed_attempts)) = row else {
         return Ok(());
     };
     let cur = JobState::from_code(cur).unwrap_or(JobState::Unspecified);
@@ -175,29 +178,36 @@ pub(crate) fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<(
             first_error.offer(state, || Ok((r.get(1)?, r.get(2)?, r.get(3)?)))?;
         }
     }
-    let first_error = first_error.into_error();
-    let failed_attempts: i64 = tx
-        .prepare_cached(&FAILED_ATTEMPTS)?
-        .query_row([job_id], |r| r.get(0))?;
-    let first_failed_attempt_error: Option<String> = if failed_attempts > 0 {
-        tx.prepare_cached(&FIRST_FAILED_ATTEMPT_ERROR)?
-            .query_row([job_id], |r| r.get(0))
-            .optional()?
-            .flatten()
-    } else {
-        None
-    };
-    let err_src = first_failed_attempt_error.or(first_error);
-    let (next, error) = job_state(&JobCtx {
+    let ctx = |first_error| JobCtx {
         tasks: &states,
-        failed_attempts: failed_attempts as u32,
+        failed_attempts: failed_attempts.max(0) as u32,
         max_task_failures: max_task_failures.max(0) as u32,
         ever_started: started,
-        first_error: err_src.as_deref(),
-    });
+        first_error,
+    };
+    // `job_state` picks the state without looking at the error (the error only words the
+    // verdict), so the error, which may take a search of the job's attempts, is looked up
+    // only for a verdict that carries one.
+    let (next, _) = job_state(&ctx(None));
     if next == cur && (next != JobState::Running || started) {
         return Ok(());
     }
+    let error = if next.is_terminal() {
+        let first_failed_attempt_error: Option<String> = if failed_attempts > 0 {
+            tx.prepare_cached(&FIRST_FAILED_ATTEMPT_ERROR)?
+                .query_row([job_id], |r| r.get(0))
+                .optional()?
+                .flatten()
+        } else {
+            None
+        };
+        let err_src = first_failed_attempt_error.or(first_error.into_error());
+        let (again, error) = job_state(&ctx(err_src.as_deref()));
+        debug_assert_eq!(again, next, "the error changed the job's verdict");
+        error
+    } else {
+        None
+    };
     let applied = apply_job_raw(tx, job_id, &JobEvent::Recomputed { next, error }, now)?;
     if applied.is_some_and(|s| s.is_terminal()) && terminates_children(next, policy, num_tasks) {
         kill_unfinished_children(tx, job_id, now)?;

@@ -1237,7 +1237,9 @@ fn the_pseudo_worker_rows_of_earlier_versions_become_backend_attempts() {
 /// (submissions, assignments, reports, retries, worker loss, kills, preemptions, job
 /// replacement, pruning, rolled-back transactions), a pending set kept only from the noted
 /// rows equals a full read after every commit, and so does the set of attempts holding
-/// workers kept from the noted attempt rows; most steps are kept without a full read.
+/// workers kept from the noted attempt rows; most steps are kept without a full read. Each
+/// job's trigger-kept count of failed attempts (migration 0009) equals a count of its attempts
+/// after every step.
 #[test]
 fn pending_and_holding_sets_kept_from_noted_row_changes_equal_a_full_read() {
     use crate::snapshot::{holding_rows, holdings, waiting, waiting_rows};
@@ -1339,6 +1341,20 @@ fn pending_and_holding_sets_kept_from_noted_row_changes_equal_a_full_read() {
                 commit = false;
             }
         }
+        let drifted: i64 = tx
+            .raw()
+            .query_row(
+                "SELECT count(*) FROM jobs j WHERE j.failed_attempts <> (
+                    SELECT count(*) FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+                     WHERE t.job_id = j.job_id AND a.state = ?1)",
+                [TaskState::Failed.code()],
+                |r| r.get(0),
+            )
+            .expect("failed-attempt counts");
+        assert_eq!(
+            drifted, 0,
+            "step {step}: a job's failed-attempt count drifted"
+        );
         if commit {
             tx.commit().expect("commit");
         } else {

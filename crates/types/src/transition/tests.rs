@@ -330,3 +330,30 @@ fn job_state_precedence() {
         JobState::Pending
     );
 }
+
+/// The job rollup looks the job's error up only for a verdict that carries one, which is sound
+/// only if the error never changes the verdict: every pair of task states, budget spent or not,
+/// started or not, gets the same state with and without an error.
+#[test]
+fn the_first_error_words_the_job_verdict_but_never_picks_it() {
+    for a in T::ALL {
+        for b in T::ALL {
+            for (failed_attempts, started) in [(0, false), (0, true), (3, false), (3, true)] {
+                let tasks = [*a, *b];
+                let ctx = |first_error| JobCtx {
+                    tasks: &tasks,
+                    failed_attempts,
+                    max_task_failures: 1,
+                    ever_started: started,
+                    first_error,
+                };
+                let (without, none) = job_state(&ctx(None));
+                let (with, _) = job_state(&ctx(Some("boom")));
+                assert_eq!(without, with, "tasks {a} and {b}, {failed_attempts} failed");
+                if !without.is_terminal() {
+                    assert_eq!(none, None, "tasks {a} and {b}: a live job has no error");
+                }
+            }
+        }
+    }
+}
