@@ -13,7 +13,7 @@ use iris_store::apply::{
     apply_observation_deferred, assign_deferred, insert_job, Holder, JobRollups, NewJob,
     Observation,
 };
-use iris_store::{jobs as store_jobs, workers, Db};
+use iris_store::{jobs as store_jobs, workers, Db, Tx};
 use iris_types::{JobState, TaskState};
 use std::time::Instant;
 
@@ -84,20 +84,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     now += 1000;
     let t = Instant::now();
-    for chunk in order.chunks(BATCH) {
-        let tx = db.begin()?;
-        let mut rollups = JobRollups::default();
-        for &i in chunk {
-            let (task, worker, uid) = &ids[i];
-            let holder = Holder::Worker {
-                id: worker,
-                address: "127.0.0.1:1",
-            };
-            assign_deferred(&tx, task, holder, uid, 2, now, &mut rollups)?;
-        }
-        rollups.finish(&tx, now)?;
-        tx.commit()?;
-    }
+    in_batches(&mut db, &order, now, |tx, i, rollups| {
+        let (task, worker, uid) = &ids[i];
+        let holder = Holder::Worker {
+            id: worker,
+            address: "127.0.0.1:1",
+        };
+        assign_deferred(tx, task, holder, uid, 2, now, rollups).map(|_| ())
+    })?;
     report("assign", t.elapsed().as_secs_f64(), tasks);
 
     for (phase, state, code) in [
@@ -106,24 +100,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         now += 1000;
         let t = Instant::now();
-        for chunk in order.chunks(BATCH) {
-            let tx = db.begin()?;
-            let mut rollups = JobRollups::default();
-            for &i in chunk {
-                let (_, worker, uid) = &ids[i];
-                let obs = Observation {
-                    attempt_uid: uid.clone(),
-                    state,
-                    exit_code: code,
-                    error: String::new(),
-                    status_message: String::new(),
-                    container_id: String::new(),
-                };
-                apply_observation_deferred(&tx, worker, &obs, now, &mut rollups)?;
-            }
-            rollups.finish(&tx, now)?;
-            tx.commit()?;
-        }
+        in_batches(&mut db, &order, now, |tx, i, rollups| {
+            let (_, worker, uid) = &ids[i];
+            let obs = Observation {
+                attempt_uid: uid.clone(),
+                state,
+                exit_code: code,
+                error: String::new(),
+                status_message: String::new(),
+                container_id: String::new(),
+            };
+            apply_observation_deferred(tx, worker, &obs, now, rollups).map(|_| ())
+        })?;
         report(phase, t.elapsed().as_secs_f64(), tasks);
     }
     let read = db.begin_read()?;
@@ -134,6 +122,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let got = state.map_or_else(|| "missing".to_string(), |s| s.to_string());
             return Err(format!("{id} ended {got}, not succeeded").into());
         }
+    }
+    Ok(())
+}
+
+/// Runs `op` on every task of `order`, [`BATCH`] to a transaction, each transaction's jobs rolled
+/// up once before it commits (the tick's and the observation writer's shape).
+fn in_batches(
+    db: &mut Db,
+    order: &[usize],
+    now: i64,
+    mut op: impl FnMut(&Tx<'_>, usize, &mut JobRollups) -> iris_store::Result<()>,
+) -> iris_store::Result<()> {
+    for chunk in order.chunks(BATCH) {
+        let tx = db.begin()?;
+        let mut rollups = JobRollups::default();
+        for &i in chunk {
+            op(&tx, i, &mut rollups)?;
+        }
+        rollups.finish(&tx, now)?;
+        tx.commit()?;
     }
     Ok(())
 }
