@@ -207,6 +207,11 @@ impl Controller {
                 "user budgets from the cluster config applied"
             );
         }
+        // The one writer connection keeps its pages across its own commits (only another
+        // connection's commit empties a WAL reader's cache), so a cache larger than a
+        // transaction's working set saves the re-reads, and spares the mid-transaction spills
+        // of dirty pages to the WAL that the 2 MiB default caused at C1M shape.
+        db.set_page_cache_mib(64)?;
         let logs = iris_store::logs::open(&cfg.state_dir.join("logs.sqlite3"))
             .context("opening log store")?;
         let stats = iris_store::stats::open(
