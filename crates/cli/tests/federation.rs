@@ -785,10 +785,11 @@ fn a_job_the_peer_cannot_host_shows_its_reason_backs_off_and_ends_unschedulable(
     wait_until(LONG, "the hog to run on the peer", || {
         b.job_state(&hog).as_deref() == Some("running")
     });
+    // Six tasks: the peer's per-job cap (4) holds the last two back, with one reason per job.
     let waiter = run(
         &hub,
         "waiter",
-        &["--target-cluster", "cw-b", "--cpu", "4"],
+        &["--target-cluster", "cw-b", "--cpu", "4", "--replicas", "6"],
         &["true"],
     );
     let on_peer = wait_for(LONG, "the peer's own pending reason", || {
@@ -814,6 +815,32 @@ fn a_job_the_peer_cannot_host_shows_its_reason_backs_off_and_ends_unschedulable(
     assert!(
         on_peer.contains(&mirrored) || mirrored.contains(&on_peer),
         "hub shows {mirrored:?}, the peer says {on_peer:?}"
+    );
+    // A task the cap held back shows the cap's reason on the peer and, mirrored, on the hub.
+    let last = format!("{waiter}/5");
+    let task_says = |c: &TestCluster| -> String {
+        let body = serde_json::json!({ "taskId": last }).to_string();
+        let o = c.iris(&["rpc", "controller", "get-task-status", "--json", &body]);
+        let v: Value = serde_json::from_str(o.ok()).expect("get-task-status JSON");
+        let t = &v["task"];
+        let r = t["pending_reason"].as_str().unwrap_or("");
+        if r.is_empty() {
+            t["status_message"].as_str().unwrap_or("").to_string()
+        } else {
+            r.to_string()
+        }
+    };
+    wait_for(LONG, "the peer's cap reason for a held-back task", || {
+        let r = task_says(&b);
+        r.contains("Per-job cycle cap reached").then_some(r)
+    });
+    wait_for(
+        LONG,
+        "the cap reason of a held-back task on the hub",
+        || {
+            let r = task_says(&hub);
+            r.contains("Per-job cycle cap reached").then_some(r)
+        },
     );
     hub.iris(&["job", "cancel", &hog]).ok();
     hub.iris(&["job", "cancel", &waiter]).ok();

@@ -5,8 +5,6 @@
 //! Access: like `ListTaskEvents`, the job's owner, an admin or the dashboard role (an
 //! explanation names workers and what holds them).
 
-use std::collections::HashMap;
-
 use crate::error::{Error, Result};
 use crate::{lock, Controller};
 use iris_auth::Role;
@@ -26,11 +24,8 @@ impl Controller {
         if caller.role != Role::Dashboard {
             crate::auth::check_owner(&caller, task.job.as_str(), "explain tasks of job")?;
         }
-        let reason = lock(&self.pending_reasons).get(&req.task_id).cloned();
-        let reasons: HashMap<String, String> = reason
-            .iter()
-            .map(|r| (req.task_id.clone(), r.clone()))
-            .collect();
+        let reasons = lock(&self.pending_reasons).only(&req.task_id);
+        let reason = reasons.get(&req.task_id).cloned();
         let (status, snapshot, job_band) = {
             let snap = lock(&self.snap);
             let generation = iris_store::workers::generation();

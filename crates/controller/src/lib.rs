@@ -112,7 +112,7 @@ pub struct Controller {
     /// Parsed job specs, most recently used kept: every job's would grow with the DB (a million
     /// finished jobs' requests), and a miss only costs one row and one decode.
     specs: Mutex<hashlink::LruCache<String, Arc<JobSpec>>>,
-    pending_reasons: Mutex<HashMap<String, String>>,
+    pending_reasons: Mutex<views::PendingReasons>,
     generation: std::sync::atomic::AtomicU64,
     advertised: Mutex<String>,
     me: std::sync::Weak<Controller>,
@@ -258,7 +258,7 @@ impl Controller {
             confirmed: Mutex::new(std::collections::HashSet::new()),
             autoscale: Mutex::new(autoscale::State::default()),
             specs: Mutex::new(hashlink::LruCache::new(SPEC_CACHE_JOBS)),
-            pending_reasons: Mutex::new(HashMap::new()),
+            pending_reasons: Mutex::new(Default::default()),
             generation: std::sync::atomic::AtomicU64::new(0),
             advertised: Mutex::new(String::new()),
             me: me.clone(),

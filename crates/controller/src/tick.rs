@@ -288,7 +288,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         return Ok(touched);
     }
     if tasks.is_empty() {
-        lock(&ctl.pending_reasons).clear();
+        *lock(&ctl.pending_reasons) = Default::default();
         return Ok(touched);
     }
     // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
@@ -379,12 +379,14 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             ctl.wake.notify_one();
         }
     }
-    let mut reasons: std::collections::HashMap<String, String> =
-        plan.pending_reasons.into_iter().collect();
+    let mut reasons = crate::views::PendingReasons {
+        by_task: plan.pending_reasons.into_iter().collect(),
+        capped_jobs: plan.capped_jobs.into_iter().collect(),
+    };
     // A task the autoscaler is bringing capacity up for (or cannot) says so instead.
     for (task, hint) in lock(&ctl.autoscale).hints.iter() {
-        if let Some(r) = reasons.get_mut(task) {
-            r.clone_from(hint);
+        if reasons.get(task).is_some() {
+            reasons.by_task.insert(task.clone(), hint.clone());
         }
     }
     *lock(&ctl.pending_reasons) = reasons;

@@ -36,12 +36,46 @@ async fn tick_places_what_fits_and_leaves_the_rest_pending_with_a_reason() {
     }
     // 2 of 4 cores are taken: the 4-core task waits, and says why.
     assert_eq!(task_state(&ctl, "/alice/big/0"), TaskState::Pending);
-    assert!(crate::lock(&ctl.pending_reasons).contains_key("/alice/big/0"));
+    assert!(crate::lock(&ctl.pending_reasons)
+        .get("/alice/big/0")
+        .is_some());
     assert_eq!(job_state(&ctl, "/alice/small"), JobState::Running);
 
     // Nothing changed: the next tick places nothing and touches no worker.
     assert!(tick(&ctl).expect("second tick").is_empty());
     assert_eq!(task(&ctl, "/alice/small/0").attempts.len(), 1);
+}
+
+#[tokio::test]
+async fn tasks_the_per_job_cap_holds_back_say_so_through_the_read_views() {
+    let ctl = controller();
+    register(&ctl, "w1", 4, 16 * GIB);
+    launch(&ctl, request("/alice/wide", 6, 4000)).await;
+    launch(&ctl, request("/alice/more", 6, 4000)).await;
+    tick(&ctl).expect("tick");
+    let reasons = crate::lock(&ctl.pending_reasons).clone();
+    // One job's first task took the worker; every other task waits and says why.
+    let conn = ctl.db();
+    for job in ["/alice/wide", "/alice/more"] {
+        for t in crate::views::tasks_of_job(&*conn, job, &reasons).expect("tasks") {
+            if t.state == Some(TaskState::Pending.code()) {
+                assert!(!t.pending_reason().is_empty(), "{}", t.task_id());
+            }
+        }
+    }
+    let held_back = crate::views::task(&*conn, "/alice/more/5", &reasons)
+        .expect("read")
+        .expect("task");
+    assert!(
+        held_back
+            .pending_reason()
+            .starts_with("Per-job cycle cap reached"),
+        "{}",
+        held_back.pending_reason()
+    );
+    // One reason per capped job, not per held-back task.
+    assert!(reasons.by_task.len() <= 8, "{:?}", reasons.by_task.keys());
+    assert_eq!(reasons.capped_jobs.len(), 2);
 }
 
 #[tokio::test]

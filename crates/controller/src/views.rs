@@ -9,6 +9,37 @@ use iris_store::Read;
 use iris_types::{JobState, TaskState};
 use std::collections::{BTreeMap, HashMap};
 
+/// Why each pending task waits, as the last tick left it: per task for the tasks that entered
+/// the cycle, per job for the tasks the per-job cap held back (`Plan::capped_jobs`: one entry
+/// per job, so a tick over a million pending tasks does not build a million reasons).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PendingReasons {
+    pub(crate) by_task: HashMap<String, String>,
+    pub(crate) capped_jobs: HashMap<String, String>,
+}
+
+impl PendingReasons {
+    /// The reason of pending task `task_id`: its own, else its job's cap reason.
+    pub(crate) fn get(&self, task_id: &str) -> Option<&String> {
+        self.by_task.get(task_id).or_else(|| {
+            let (job, _) = task_id.rsplit_once('/')?;
+            self.capped_jobs.get(job)
+        })
+    }
+
+    /// Just `task_id`'s reason (the explain RPC's view of one task).
+    pub(crate) fn only(&self, task_id: &str) -> PendingReasons {
+        PendingReasons {
+            by_task: self
+                .get(task_id)
+                .map(|r| (task_id.to_string(), r.clone()))
+                .into_iter()
+                .collect(),
+            capped_jobs: HashMap::new(),
+        }
+    }
+}
+
 fn ts(ms: Option<i64>) -> Option<Timestamp> {
     ms.map(|epoch_ms| Timestamp {
         epoch_ms: Some(epoch_ms),
@@ -59,11 +90,7 @@ pub(crate) fn wire_request(mut r: c::LaunchJobRequest) -> c::LaunchJobRequest {
 /// A job's wire status. `with_resources`: `GetJobStatus` carries the job's resources, a
 /// `ListJobs` row does not (as in the published controller; it also spares decoding every
 /// stored request of a page).
-fn job_status(
-    j: JobRow,
-    reasons: &HashMap<String, String>,
-    with_resources: bool,
-) -> job::JobStatus {
+fn job_status(j: JobRow, reasons: &PendingReasons, with_resources: bool) -> job::JobStatus {
     let resources = if with_resources {
         Some(request_resources(&j.request_blob).unwrap_or_default())
     } else {
@@ -126,7 +153,7 @@ fn job_status(
 pub(crate) fn job(
     conn: &impl Read,
     job_id: &str,
-    reasons: &HashMap<String, String>,
+    reasons: &PendingReasons,
 ) -> Result<Option<job::JobStatus>> {
     Ok(iris_store::views::job(conn, job_id)?.map(|j| job_status(j, reasons, true)))
 }
@@ -136,7 +163,7 @@ pub(crate) fn job(
 pub(crate) fn list_jobs(
     conn: &impl Read,
     filter: &JobFilter,
-    reasons: &HashMap<String, String>,
+    reasons: &PendingReasons,
     keyset: bool,
 ) -> Result<c::ListJobsResponse> {
     let page = iris_store::views::list_jobs(conn, filter)?;
@@ -204,7 +231,7 @@ pub(crate) fn attempt(a: &AttemptRow) -> job::TaskAttempt {
 }
 
 /// A task's status; `full`: every attempt, else the current one and the last failed one.
-fn task_status(t: TaskRow, full: bool, reasons: &HashMap<String, String>) -> job::TaskStatus {
+fn task_status(t: TaskRow, full: bool, reasons: &PendingReasons) -> job::TaskStatus {
     let mut out = job::TaskStatus {
         task_id: Some(t.task_id),
         state: Some(t.state),
@@ -269,7 +296,7 @@ fn task_status(t: TaskRow, full: bool, reasons: &HashMap<String, String>) -> job
 pub(crate) fn task(
     conn: &impl Read,
     task_id: &str,
-    reasons: &HashMap<String, String>,
+    reasons: &PendingReasons,
 ) -> Result<Option<job::TaskStatus>> {
     Ok(iris_store::views::task(conn, task_id)?.map(|t| task_status(t, true, reasons)))
 }
@@ -278,7 +305,7 @@ pub(crate) fn task(
 pub(crate) fn tasks_of_job(
     conn: &impl Read,
     job_id: &str,
-    reasons: &HashMap<String, String>,
+    reasons: &PendingReasons,
 ) -> Result<Vec<job::TaskStatus>> {
     Ok(iris_store::views::tasks_of_job(conn, job_id)?
         .into_iter()

@@ -410,8 +410,26 @@ impl Cluster {
         if cache.entries() * self.workers.len().max(1) > MAX_CACHED_CSET_CELLS {
             cache = CSetCache::default();
         }
-        let (plan, cache) = Engine::new(self, cache, pending, policy).run(user_spend);
+        let cap = policy.max_tasks_per_job_per_cycle;
+        let gate = crate::order::gate(pending, cap);
+        let gated: Vec<PendingTask>;
+        let considered = match &gate.kept {
+            None => pending,
+            Some(kept) => {
+                gated = kept.iter().map(|&i| pending[i].clone()).collect();
+                &gated
+            }
+        };
+        let (mut plan, cache) = Engine::new(self, cache, considered, policy).run(user_spend);
         self.csets = cache;
+        plan.capped_jobs = gate
+            .capped
+            .into_iter()
+            .map(|job| {
+                let reason = crate::model::capped_reason(cap, &job);
+                (job, reason)
+            })
+            .collect();
         plan
     }
 

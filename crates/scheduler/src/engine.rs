@@ -505,6 +505,7 @@ impl<'a> Engine<'a> {
         let job = self.job_of[p];
         job_seen[job] += 1;
         if job_seen[job] > self.policy.max_tasks_per_job_per_cycle {
+            // The gate (`Cluster::plan`) lets at most the cap in; `explain` sees every task.
             self.status[p] = Status::Capped;
             return;
         }

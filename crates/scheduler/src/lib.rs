@@ -5,15 +5,19 @@
 //! pending tasks by [`order_pending`] (whose order is total), and every map is a `BTreeMap`.
 //!
 //! # Pipeline (reference §4.2–4.6)
+//! 0. **Gate** (the reference's `apply_scheduling_gates`): of each job that is not coscheduled,
+//!    only its first `max_tasks_per_job_per_cycle` tasks in base order enter the cycle; the
+//!    others are explained once per job in [`Plan::capped_jobs`] ("Per-job cycle cap reached:
+//!    …") and take no turn in the ordering below. A cycle's work follows jobs × cap, not the
+//!    number of pending tasks.
 //! 1. **Order** pending tasks: band rank, then round-robin across users by ascending spend,
 //!    each user's tasks in base order ([`order_pending`]).
 //! 2. **Place**, band by band. Within a band, coscheduled jobs (gangs) go first, then solo tasks
 //!    first-fit. (Placing gangs first *within each band* rather than across all bands keeps a
 //!    Batch gang from taking capacity ahead of System work.)
-//!    * Solo: at most `max_tasks_per_job_per_cycle` tasks of a job are considered; once one finds
-//!      no worker, the job's remaining tasks are skipped this cycle. Candidates are healthy
-//!      workers satisfying every hard constraint, ranked by the number of preferred constraints
-//!      satisfied (more first), then worker id.
+//!    * Solo: once one of a job's tasks finds no worker, the job's remaining tasks are skipped
+//!      this cycle. Candidates are healthy workers satisfying every hard constraint, ranked by
+//!      the number of preferred constraints satisfied (more first), then worker id.
 //!    * Gang: all pending tasks of the job go at once to distinct hosts sharing one value of
 //!      `group_by`, or none do. Groups are tried by soft score (the lowest soft score among a
 //!      group's hosts, higher first), then group value; hosts are ordered by `tpu-worker-id`

@@ -227,6 +227,28 @@ pub struct Plan {
     pub assignments: Vec<Assignment>,
     /// Preemptions, in decision order.
     pub preemptions: Vec<Preemption>,
-    /// A user-facing reason for every pending task that was not assigned.
+    /// A user-facing reason for every pending task that entered the cycle and was not assigned.
     pub pending_reasons: BTreeMap<TaskKey, String>,
+    /// Jobs whose tasks beyond the per-job cap did not enter the cycle, with the reason each of
+    /// those tasks shows (one entry per job, not per task: at C1M shape that is 10,000 strings
+    /// a tick instead of a million).
+    pub capped_jobs: BTreeMap<JobKey, String>,
+}
+
+impl Plan {
+    /// Why pending task `task` (a key `<job>/<index>`), which this plan did not assign, waits:
+    /// its own reason if it entered the cycle, else its job's per-job cap reason. Ask only of
+    /// unassigned tasks: an assigned task of a capped job gets its job's reason too.
+    pub fn reason(&self, task: &str) -> Option<&str> {
+        if let Some(r) = self.pending_reasons.get(task) {
+            return Some(r);
+        }
+        let (job, _) = task.rsplit_once('/')?;
+        self.capped_jobs.get(job).map(String::as_str)
+    }
+}
+
+/// The reason of a task held back by the per-job cap.
+pub fn capped_reason(cap: usize, job: &str) -> String {
+    format!("Per-job cycle cap reached: at most {cap} tasks of job {job} are considered per cycle")
 }

@@ -3,8 +3,9 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use crate::model::PendingTask;
+use crate::model::{JobKey, PendingTask};
 use iris_types::Band;
+use rustc_hash::FxHashMap;
 
 /// The base order of one user's tasks: deeper jobs first, then older trees, older jobs,
 /// insertion order, and finally the task key so that the order is total.
@@ -15,6 +16,94 @@ pub(crate) fn base_cmp(a: &PendingTask, b: &PendingTask) -> Ordering {
         .then(a.submitted_ms.cmp(&b.submitted_ms))
         .then(a.insertion.cmp(&b.insertion))
         .then_with(|| a.task.cmp(&b.task))
+}
+
+/// The per-job gate (the reference's `apply_scheduling_gates`): of each job that is not
+/// coscheduled, only its first `cap` tasks in base order enter the cycle; a gang enters whole.
+/// Gating before ordering keeps a cycle's work proportional to jobs × `cap` rather than to every
+/// pending task (a million of them at C1M shape).
+pub(crate) struct Gate {
+    /// Indices into `pending` that enter the cycle, ascending; `None` when every task does.
+    pub(crate) kept: Option<Vec<usize>>,
+    /// Jobs with tasks held back.
+    pub(crate) capped: Vec<JobKey>,
+}
+
+pub(crate) fn gate(pending: &[PendingTask], cap: usize) -> Gate {
+    // Per job: its kept tasks (at most `cap`, base order) and whether any was held back.
+    struct Slot {
+        kept: Vec<usize>,
+        held_back: bool,
+    }
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut ids: FxHashMap<&str, usize> = FxHashMap::default();
+    // A job's tasks usually arrive together: the previous task's slot is tried first.
+    let mut last: Option<(&str, usize)> = None;
+    let mut any_held_back = false;
+    for (i, t) in pending.iter().enumerate() {
+        if t.group_by.is_some() {
+            continue;
+        }
+        let job = t.job.as_str();
+        let n = match last.filter(|(prev, _)| *prev == job) {
+            Some((_, n)) => n,
+            None => {
+                let next = slots.len();
+                let n = *ids.entry(job).or_insert(next);
+                if n == next {
+                    slots.push(Slot {
+                        kept: Vec::with_capacity(cap.min(8)),
+                        held_back: false,
+                    });
+                }
+                last = Some((job, n));
+                n
+            }
+        };
+        let slot = &mut slots[n];
+        let at = slot
+            .kept
+            .partition_point(|&k| base_cmp(&pending[k], t) == Ordering::Less);
+        if at < cap {
+            if slot.kept.len() == cap {
+                slot.kept.pop();
+                slot.held_back = true;
+                any_held_back = true;
+            }
+            slot.kept.insert(at, i);
+        } else {
+            slot.held_back = true;
+            any_held_back = true;
+        }
+    }
+    if !any_held_back {
+        return Gate {
+            kept: None,
+            capped: Vec::new(),
+        };
+    }
+    let mut capped: Vec<JobKey> = Vec::new();
+    let mut kept: Vec<usize> = Vec::with_capacity(slots.len() * cap);
+    for (job, n) in ids {
+        let slot = &slots[n];
+        if slot.held_back {
+            capped.push(job.to_string());
+        }
+        kept.extend_from_slice(&slot.kept);
+    }
+    kept.extend(
+        pending
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.group_by.is_some())
+            .map(|(i, _)| i),
+    );
+    kept.sort_unstable();
+    capped.sort_unstable();
+    Gate {
+        kept: Some(kept),
+        capped,
+    }
 }
 
 /// Returns indices into `pending` in scheduling order.
@@ -68,6 +157,42 @@ mod tests {
             .into_iter()
             .map(|i| p[i].task.clone())
             .collect()
+    }
+
+    /// The gate keeps each solo job's first `cap` tasks in base order whatever the input order,
+    /// lets gangs in whole, and names exactly the jobs it held tasks of.
+    #[test]
+    fn the_gate_keeps_each_jobs_first_tasks_in_base_order() {
+        let mut p: Vec<PendingTask> = Vec::new();
+        for i in [5, 2, 7, 0, 6, 1, 4, 3] {
+            p.push(pending(&format!("/u/a/{i}")).insertion(i).build());
+        }
+        p.push(pending("/u/b/0").build());
+        for i in 0..6 {
+            p.push(pending(&format!("/u/g/{i}")).group_by("pool").build());
+        }
+        let g = gate(&p, 3);
+        let kept: Vec<&str> = g
+            .kept
+            .as_ref()
+            .expect("some held back")
+            .iter()
+            .map(|&i| p[i].task.as_str())
+            .collect();
+        let mut solo: Vec<&str> = kept
+            .iter()
+            .copied()
+            .filter(|t| t.starts_with("/u/a"))
+            .collect();
+        solo.sort();
+        assert_eq!(solo, ["/u/a/0", "/u/a/1", "/u/a/2"]);
+        assert!(kept.contains(&"/u/b/0"));
+        assert_eq!(kept.iter().filter(|t| t.starts_with("/u/g")).count(), 6);
+        assert_eq!(g.capped, ["/u/a"]);
+        assert!(
+            gate(&p, 8).kept.is_none(),
+            "nothing held back: the input as it is"
+        );
     }
 
     #[test]

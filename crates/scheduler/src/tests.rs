@@ -215,7 +215,51 @@ fn per_job_cap_limits_tasks_considered() {
         reason(&plan, "/u/j/4"),
         "Per-job cycle cap reached: at most 4 tasks of job /u/j are considered per cycle"
     );
-    assert!(plan.pending_reasons.contains_key("/u/j/5"));
+    assert_eq!(reason(&plan, "/u/j/5"), reason(&plan, "/u/j/4"));
+    // One reason for the job, not one per held-back task.
+    assert_eq!(plan.capped_jobs.len(), 1);
+    assert!(plan.pending_reasons.is_empty());
+}
+
+/// The cap is a gate before ordering, as in the reference (`apply_scheduling_gates`): a job's
+/// held-back tasks take no turn in the round-robin across users. Here u1's second job (`b`) takes
+/// its turn right after the last task of `a` that entered, ahead of u2's second job, although
+/// u1's queue holds six held-back tasks of `a` before it.
+#[test]
+fn held_back_tasks_take_no_turn_in_the_round_robin() {
+    let mut pending = Vec::new();
+    for i in 0..10 {
+        pending.push(user_task(&format!("/u1/a/{i}"), "u1", 1, i));
+    }
+    pending.push(user_task("/u1/b/0", "u1", 2, 0));
+    for i in 0..4 {
+        pending.push(user_task(&format!("/u2/c/{i}"), "u2", 1, i));
+    }
+    for i in 0..20 {
+        pending.push(user_task(&format!("/u2/d/{i}"), "u2", 2, i));
+    }
+    // Room for nine tasks (one per worker): a0-3 and c0-3 interleave, then b0 (not d0) is the ninth.
+    let workers: Vec<_> = (0..9)
+        .map(|i| worker(&format!("w{i}")).cpu(1_000).build())
+        .collect();
+    let s = snap(workers, vec![], pending);
+    let plan = run(&s);
+    let placed: Vec<&str> = plan.assignments.iter().map(|a| a.task.as_str()).collect();
+    assert_eq!(placed.len(), 9);
+    assert!(placed.contains(&"/u1/b/0"), "{placed:?}");
+    assert!(!placed.contains(&"/u2/d/0"), "{placed:?}");
+    assert!(reason(&plan, "/u2/d/0").starts_with("Waiting for resources"));
+    assert!(reason(&plan, "/u2/d/9").starts_with("Per-job cycle cap reached"));
+    assert!(reason(&plan, "/u1/a/9").starts_with("Per-job cycle cap reached"));
+}
+
+fn user_task(task: &str, user: &str, submitted_ms: i64, insertion: i64) -> PendingTask {
+    let mut t = pending(task).cpu(1_000).build();
+    t.user = user.to_string();
+    t.submitted_ms = submitted_ms;
+    t.root_submitted_ms = submitted_ms;
+    t.insertion = insertion;
+    t
 }
 
 #[test]

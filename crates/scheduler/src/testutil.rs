@@ -209,8 +209,5 @@ pub(crate) fn evicted(plan: &Plan) -> Vec<(&str, &str, &str)> {
 }
 
 pub(crate) fn reason<'a>(plan: &'a Plan, task: &str) -> &'a str {
-    plan.pending_reasons
-        .get(task)
-        .map(String::as_str)
-        .unwrap_or("<no reason>")
+    plan.reason(task).unwrap_or("<no reason>")
 }

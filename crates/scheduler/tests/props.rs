@@ -342,10 +342,17 @@ proptest! {
         let assigned: BTreeSet<&str> = plan.assignments.iter().map(|a| a.task.as_str()).collect();
         prop_assert_eq!(assigned.len(), plan.assignments.len(), "a task was assigned twice");
         for t in &s.pending {
-            let explained = plan.pending_reasons.get(&t.task).is_some_and(|r| !r.is_empty());
-            prop_assert!(assigned.contains(t.task.as_str()) != explained, "{}", t.task);
+            if assigned.contains(t.task.as_str()) {
+                prop_assert!(!plan.pending_reasons.contains_key(&t.task), "{}", t.task);
+            } else {
+                prop_assert!(plan.reason(&t.task).is_some_and(|r| !r.is_empty()), "{}", t.task);
+            }
         }
-        prop_assert_eq!(plan.pending_reasons.len() + assigned.len(), s.pending.len());
+        // Nothing else is explained: per-task reasons name pending tasks, capped jobs pending jobs.
+        let tasks: BTreeSet<&str> = s.pending.iter().map(|t| t.task.as_str()).collect();
+        let jobs: BTreeSet<&str> = s.pending.iter().map(|t| t.job.as_str()).collect();
+        prop_assert!(plan.pending_reasons.keys().all(|t| tasks.contains(t.as_str())));
+        prop_assert!(plan.capped_jobs.keys().all(|j| jobs.contains(j.as_str())));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use iris_federation as fed;
 use iris_proto::cluster::controller as c;
 use iris_rpc::Code;
 use iris_store::federation as sf;
+use iris_types::TaskState;
 
 impl Controller {
     /// Peer side: may this caller hand us this job? (reference §1.6 "Peer side").
@@ -176,16 +177,32 @@ impl Controller {
         &self,
         conn: &impl iris_store::Read,
         requester: &str,
-        reasons: &std::collections::HashMap<String, String>,
+        reasons: &views::PendingReasons,
         deltas: &mut Vec<c::FederationJobDelta>,
     ) -> Result<()> {
+        // Tasks the per-job cap held back carry their job's reason: those of this requester's
+        // jobs are listed, so the hub sees that reason too.
+        let mut held_back: Vec<(String, &String)> = Vec::new();
+        for (job_id, reason) in &reasons.capped_jobs {
+            let ours = sf::root_handle(conn, job_id)?
+                .is_some_and(|h| h.direction == sf::RECEIVED && h.peer_id == requester);
+            if !ours {
+                continue;
+            }
+            for t in iris_store::views::tasks_of_job(conn, job_id)? {
+                if t.state == TaskState::Pending.code() && !reasons.by_task.contains_key(&t.task_id)
+                {
+                    held_back.push((t.task_id, reason));
+                }
+            }
+        }
         let mut all = lock(&self.fed.sent_reasons);
         let memo = all.entry(requester.to_string()).or_default();
-        memo.retain(|task, _| reasons.contains_key(task));
+        memo.retain(|task, _| reasons.get(task).is_some());
         // What this round already sends counts as sent.
         for d in deltas.iter() {
             for t in &d.changed_tasks {
-                if reasons.contains_key(t.task_id()) {
+                if reasons.get(t.task_id()).is_some() {
                     memo.insert(
                         t.task_id.clone().unwrap_or_default(),
                         Some(t.pending_reason.clone().unwrap_or_default()),
@@ -194,7 +211,11 @@ impl Controller {
             }
         }
         let mut changed: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        for (task, reason) in reasons {
+        let every = reasons
+            .by_task
+            .iter()
+            .chain(held_back.iter().map(|(t, r)| (t, *r)));
+        for (task, reason) in every {
             match memo.get(task) {
                 // Not one of this requester's tasks (decided once per task).
                 Some(None) => continue,
