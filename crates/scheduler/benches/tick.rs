@@ -1,6 +1,8 @@
 //! One scheduling tick at scale: 10,000 pending tasks over 1,000 workers, or `TICK_SCALE` times
 //! that (`TICK_SCALE=10`: 100,000 pending over 10,000 workers).
 //!
+//! `TICK_QUEUE=<jobs>` instead plans the C1M queue: `<jobs>` jobs of 100 tasks on 5,000 workers.
+//!
 //! Run with `cargo bench -p iris-scheduler`; prints the median of several runs, from scratch and
 //! in the steady state the controller meets tick after tick: the first plan applied, then one
 //! running task finished since the last tick, planned from scratch and with the [`Cluster`] of
@@ -330,7 +332,64 @@ fn time<T>(mut f: impl FnMut() -> T) -> (Duration, Duration, Duration) {
     )
 }
 
+/// `TICK_QUEUE=<jobs>`: the C1M queue (issue 17), `<jobs>` jobs of 100 solo tasks (0.1 cpu,
+/// 1 GiB) pending at once over 5,000 idle workers of 64 cpus, planned from scratch. The per-job
+/// cap (4 a cycle) lets 4 tasks of each job in; the plan's cost should follow that, not the queue.
+fn queue(jobs: usize) {
+    let workers: Vec<Worker> = (0..5_000)
+        .map(|i| Worker::new(format!("w{i:05}"), Resources::cpu_mem(64_000, 512 * GIB)))
+        .collect();
+    let mut pending = Vec::with_capacity(jobs * 100);
+    for j in 0..jobs {
+        let job = format!("/bench/c1m-{j:06}");
+        for t in 0..100 {
+            pending.push(PendingTask {
+                task: format!("{job}/{t}"),
+                job: job.clone(),
+                user: "bench".into(),
+                band: Band::Interactive,
+                resources: Resources::cpu_mem(100, GIB),
+                constraints: Vec::new(),
+                group_by: None,
+                depth: 1,
+                root_submitted_ms: j as i64,
+                submitted_ms: j as i64,
+                insertion: (j * 100 + t) as i64,
+                device_variant: String::new(),
+            });
+        }
+    }
+    let snapshot = Snapshot {
+        workers,
+        running: Vec::new(),
+        pending,
+        user_spend: BTreeMap::new(),
+    };
+    let policy = Policy::default();
+    let plan = schedule(&snapshot, &policy);
+    println!(
+        "queue: {} workers, {} pending in {jobs} jobs -> {} assignments, {} per-task reasons",
+        snapshot.workers.len(),
+        snapshot.pending.len(),
+        plan.assignments.len(),
+        plan.pending_reasons.len()
+    );
+    print_times(
+        "schedule the queue from scratch",
+        time(|| schedule(&snapshot, &policy)),
+    );
+}
+
 fn main() {
+    if let Ok(v) = std::env::var("TICK_QUEUE") {
+        match v.parse::<usize>() {
+            Ok(jobs) if jobs > 0 => return queue(jobs),
+            _ => {
+                eprintln!("TICK_QUEUE must be a positive number of jobs, got '{v}'");
+                std::process::exit(2);
+            }
+        }
+    }
     let scale = match std::env::var("TICK_SCALE") {
         Ok(v) => match v.parse::<usize>() {
             Ok(k) if k > 0 => k,

@@ -75,11 +75,15 @@ static USER_SPEND: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+// A task's value depends only on its job's config, so the active tasks are counted per job first
+// and each job's config is read and its device JSON parsed once, not once per task (the tick runs
+// this every time: 4.5% of the controller at C1M shape with the join per task).
 static SPEND_BY_USER: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT j.user_id, SUM({TASK_VALUE_SQL})
-         FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN job_config c ON c.job_id = t.job_id
-         WHERE t.state IN {} AND c.priority_band != {}
+        "SELECT j.user_id, SUM(a.n * ({TASK_VALUE_SQL}))
+         FROM (SELECT job_id, count(*) AS n FROM tasks WHERE state IN {} GROUP BY job_id) a
+         JOIN jobs j ON j.job_id = a.job_id JOIN job_config c ON c.job_id = a.job_id
+         WHERE c.priority_band != {}
          GROUP BY j.user_id",
         *TASK_ACTIVE,
         Band::Batch.code()
@@ -225,4 +229,65 @@ pub fn running_tasks(c: &impl Read) -> Result<Vec<QueuedTask>> {
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::{self, JobConfigRow, NewJob};
+    use crate::{Db, Raw};
+
+    /// `spend_by_user` (active tasks counted per job) agrees with `spend` (summed per task) for
+    /// every user, over jobs of every band, with and without accelerators, in every task state.
+    #[test]
+    fn spend_by_user_counts_per_job_what_spend_sums_per_task() {
+        let mut db = Db::open_in_memory().expect("db");
+        let tx = db.begin().expect("tx");
+        let devices = [
+            None,
+            Some(r#"{"gpu":{"variant":"H100","count":8}}"#),
+            Some(r#"{"tpu":{"variant":"v5p-8","count":4}}"#),
+        ];
+        let states = TaskState::ALL;
+        let mut n = 0;
+        for (u, user) in ["ann", "bob", "cy"].iter().enumerate() {
+            for band in Band::ALL {
+                for (d, device) in devices.iter().enumerate() {
+                    n += 1;
+                    let id = format!("/{user}/j{n}");
+                    let j = NewJob {
+                        job_id: id.clone(),
+                        user_id: user.to_string(),
+                        submitting_user: user.to_string(),
+                        root_job_id: id.clone(),
+                        num_tasks: states.len() as u32,
+                        cfg: JobConfigRow {
+                            res_cpu_millicores: 1_500 + 1_000 * (u + d) as i64,
+                            res_memory_bytes: (3 << 30) + (1 << 29),
+                            res_device_json: device.map(str::to_string),
+                            priority_band: band.code(),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    apply::insert_job(&tx, &j, 1_000).expect("insert job");
+                    for (i, s) in states.iter().enumerate() {
+                        tx.raw()
+                            .execute(
+                                "UPDATE tasks SET state = ?1 WHERE task_id = ?2",
+                                rusqlite::params![s.code(), format!("{id}/{i}")],
+                            )
+                            .expect("set state");
+                    }
+                }
+            }
+        }
+        let by_user = spend_by_user(&tx).expect("spend by user");
+        for user in ["ann", "bob", "cy", "nobody"] {
+            let each = spend(&tx, user).expect("spend");
+            assert_eq!(by_user.get(user).copied().unwrap_or(0), each, "{user}");
+        }
+        assert!(by_user.values().all(|&v| v > 0), "{by_user:?}");
+        assert_eq!(by_user.len(), 3);
+    }
 }
