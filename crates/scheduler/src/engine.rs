@@ -167,8 +167,6 @@ pub(crate) enum Status {
     /// Not reached by any placement unit (defensive; not expected).
     Untouched,
     Assigned,
-    /// Beyond the per-job cycle cap.
-    Capped,
     /// Tried and found no worker.
     Failed {
         cset: usize,
@@ -213,7 +211,6 @@ pub(crate) struct Group {
 
 pub(crate) struct Engine<'a> {
     pub(crate) pending: &'a [PendingTask],
-    pub(crate) policy: &'a Policy,
     /// The workers and running tasks with their indexes ([`Cluster`]).
     pub(crate) cluster: &'a Cluster,
     /// Sorted by id; duplicates dropped.
@@ -291,7 +288,6 @@ impl<'a> Engine<'a> {
         let n_jobs = job_numbers.len();
         Engine {
             pending,
-            policy,
             cluster,
             cap,
             evicted: vec![false; running.len()],
@@ -483,16 +479,16 @@ impl<'a> Engine<'a> {
     }
 
     /// Runs placement, explains what is left, then runs preemption. Hands back the constraint
-    /// facts for the cluster to keep.
+    /// facts for the cluster to keep. `pending` has passed the per-job gate
+    /// ([`crate::order::gate`], applied by `Cluster::plan`): no solo job has more than the cap.
     pub(crate) fn run(mut self, user_spend: &BTreeMap<String, i64>) -> (Plan, CSetCache) {
         let order = order_pending(self.pending, user_spend);
         let units = self.units(&order);
-        let mut job_seen: Vec<usize> = vec![0; self.job_cset.len()];
         let mut job_block: Vec<Option<usize>> = vec![None; self.job_cset.len()];
         for unit in &units {
             match unit {
                 Unit::Gang { job, tasks } => self.place_gang(job, tasks),
-                Unit::Solo(p) => self.place_solo(*p, &mut job_seen, &mut job_block),
+                Unit::Solo(p) => self.place_solo(*p, &mut job_block),
             }
         }
         self.explain_unplaced();
@@ -500,15 +496,9 @@ impl<'a> Engine<'a> {
         (self.plan, self.cache)
     }
 
-    fn place_solo(&mut self, p: usize, job_seen: &mut [usize], job_block: &mut [Option<usize>]) {
+    fn place_solo(&mut self, p: usize, job_block: &mut [Option<usize>]) {
         let t: &'a PendingTask = &self.pending[p];
         let job = self.job_of[p];
-        job_seen[job] += 1;
-        if job_seen[job] > self.policy.max_tasks_per_job_per_cycle {
-            // The gate (`Cluster::plan`) lets at most the cap in; `explain` sees every task.
-            self.status[p] = Status::Capped;
-            return;
-        }
         let cset = self.cset_for(p);
         if let Some(head) = job_block[job] {
             self.status[p] = Status::Skipped { head, cset };

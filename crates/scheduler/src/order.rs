@@ -40,8 +40,10 @@ pub(crate) fn gate(pending: &[PendingTask], cap: usize) -> Gate {
     // A job's tasks usually arrive together: the previous task's slot is tried first.
     let mut last: Option<(&str, usize)> = None;
     let mut any_held_back = false;
+    let mut gangs: Vec<usize> = Vec::new();
     for (i, t) in pending.iter().enumerate() {
         if t.group_by.is_some() {
+            gangs.push(i);
             continue;
         }
         let job = t.job.as_str();
@@ -91,13 +93,7 @@ pub(crate) fn gate(pending: &[PendingTask], cap: usize) -> Gate {
         }
         kept.extend_from_slice(&slot.kept);
     }
-    kept.extend(
-        pending
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.group_by.is_some())
-            .map(|(i, _)| i),
-    );
+    kept.extend(gangs);
     kept.sort_unstable();
     capped.sort_unstable();
     Gate {

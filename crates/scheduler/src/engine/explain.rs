@@ -43,9 +43,6 @@ impl Engine<'_> {
             let reason = match &self.status[p] {
                 Status::Assigned => continue,
                 Status::Untouched => "Not considered this cycle".to_string(),
-                Status::Capped => {
-                    crate::model::capped_reason(self.policy.max_tasks_per_job_per_cycle, &t.job)
-                }
                 Status::GangFailed(r) => r.clone(),
                 Status::GangNoRoom { head, n, cs } => self.gang_memo(&mut memo, *head, *n, *cs),
                 Status::Failed { cset } => self.diagnose_memo(&mut memo, *cset, &t.resources),
