@@ -11,7 +11,7 @@ use crate::{lock, Controller};
 use iris_proto::cluster::controller as c;
 use iris_proto::job;
 use iris_rpc::Code;
-use iris_store::{apply, Tx};
+use iris_store::{apply, Attempt, Tx};
 use iris_types::{Band, JobName, JobState};
 use sha2::Digest;
 use std::sync::Arc;
@@ -268,50 +268,66 @@ impl Controller {
             .map_err(|_| Error::new(Code::Unavailable, "controller is shutting down"))?
     }
 
-    /// Admits a batch of validated submissions in one transaction (group commit): each gets a
-    /// savepoint, so one refusal never affects another; all are acknowledged only after commit.
+    /// Admits a batch of validated submissions in one transaction (group commit): one refusal
+    /// never affects another, and all are acknowledged only after the commit.
     pub(crate) fn admit_batch(&self, batch: Vec<crate::Admission>) {
+        // One failure for the whole batch: each caller gets the same id to look up.
+        fn reject_all(batch: Vec<crate::Admission>, e: Error) {
+            let wire = e.to_wire();
+            for a in batch {
+                let _ = a.reply.send(Err(Error::Rejected(wire.clone())));
+            }
+        }
         let started = std::time::Instant::now();
         let size = batch.len();
         let mut conn = self.db();
         // Under the writer's lock nothing else commits: the generation and the rows agree.
         let generation = iris_store::workers::generation();
-        let workers = self.feasibility_workers(&*conn, generation);
-        let prepared = match workers {
-            Ok(w) => conn.begin().map(|tx| (w, tx)).map_err(Error::from),
-            Err(e) => Err(e),
+        let workers = match self.feasibility_workers(&*conn, generation) {
+            Ok(w) => w,
+            Err(e) => return reject_all(batch, e),
         };
-        let (workers, tx) = match prepared {
-            Ok(p) => p,
-            Err(e) => {
-                // One failure for the whole batch: each caller gets the same id to look up.
-                let wire = e.to_wire();
-                for a in batch {
-                    let _ = a.reply.send(Err(Error::Rejected(wire.clone())));
+        let tx = match conn.begin() {
+            Ok(tx) => tx,
+            Err(e) => return reject_all(batch, e.into()),
+        };
+        // Each submission checks everything it can be refused for before it writes, so the
+        // batch runs without a savepoint per submission (`Tx::attempt`). One that fails after
+        // writing (an I/O or constraint error) rolls the batch back, and the batch runs again
+        // with a savepoint each, so that one failure never costs the others their admission.
+        let mut results = Vec::with_capacity(batch.len());
+        let mut dirty = None;
+        for a in &batch {
+            match tx.attempt(|tx| self.admit(tx, a, &workers)) {
+                Attempt::Done(v) => results.push(Ok(v)),
+                Attempt::Refused(e) => results.push(Err(e)),
+                Attempt::Dirty(e) => {
+                    dirty = Some(e);
+                    break;
                 }
-                return;
+            }
+        }
+        let tx = match dirty {
+            None => tx,
+            Some(e) => {
+                drop(tx);
+                tracing::warn!(error = %e, "a submission failed after writing; admitting its batch again with a savepoint each");
+                let tx = match conn.begin() {
+                    Ok(tx) => tx,
+                    Err(e) => return reject_all(batch, e.into()),
+                };
+                results = batch
+                    .iter()
+                    .map(|a| tx.savepoint(|tx| self.admit(tx, a, &workers)))
+                    .collect();
+                tx
             }
         };
-        let mut results = Vec::with_capacity(batch.len());
-        for a in batch {
-            let r = tx.savepoint(|tx| {
-                self.admit(
-                    tx,
-                    a.name,
-                    a.req,
-                    a.user,
-                    a.t,
-                    &workers,
-                    a.skip_band_ceiling,
-                    &a.submitting_user,
-                )
-            });
-            results.push((a.reply, r));
-        }
         let committed = tx.commit().map_err(|e| Error::from(e).to_wire());
         self.metrics.admission_batch(size, started.elapsed());
         let mut any = false;
-        for (reply, r) in results {
+        for (a, r) in batch.into_iter().zip(results) {
+            let reply = a.reply;
             let r = match (&committed, r) {
                 (Err(e), _) => Err(Error::Rejected(e.clone())),
                 (Ok(()), Ok((resp, spec))) => {
@@ -335,18 +351,20 @@ impl Controller {
         }
     }
 
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    /// One submission of a group commit. Everything it can be refused for is checked before
+    /// its first write (`admit_batch` relies on it to run without a savepoint).
+    #[allow(clippy::type_complexity)]
     fn admit(
         &self,
         tx: &Tx<'_>,
-        name: JobName,
-        mut req: c::LaunchJobRequest,
-        user: String,
-        t: i64,
+        a: &crate::Admission,
         workers: &[iris_scheduler::Worker],
-        skip_band_ceiling: bool,
-        submitting_user: &str,
     ) -> Result<(c::LaunchJobResponse, Option<(bool, String, Arc<JobSpec>)>)> {
+        let name = &a.name;
+        let mut req = a.req.clone();
+        let user = &a.user;
+        let (t, skip_band_ceiling, submitting_user) =
+            (a.t, a.skip_band_ceiling, a.submitting_user.as_str());
         let res = req.resources.clone().unwrap_or_default();
         // Band resolution and authorization.
         let parent = name.parent();
@@ -377,7 +395,7 @@ impl Controller {
         if !skip_band_ceiling
             && (parent.is_none() || parent_band.map(|pb| band.outranks(pb)).unwrap_or(true))
         {
-            let max_band = iris_store::budgets::get(tx, &user)?
+            let max_band = iris_store::budgets::get(tx, user)?
                 .and_then(|b| Band::from_code(b.max_band))
                 .unwrap_or(self.cfg.budget_defaults.max_band);
             if band.outranks(max_band) {
@@ -391,8 +409,8 @@ impl Controller {
         }
         req.priority_band = Some(band.code());
         // Feasibility, and where the job runs (here, or queued for a federation peer).
-        let local = self.check_feasible(workers, &name, &req);
-        let route = self.classify_submit(&name, &mut req, local, submitting_user)?;
+        let local = self.check_feasible(workers, name, &req);
+        let route = self.classify_submit(name, &mut req, local, submitting_user)?;
         let handoff = req.federation.clone();
         // Existing job policy.
         let existing = iris_store::jobs::job_state_of(tx, name.as_str())?;
@@ -542,10 +560,10 @@ impl Controller {
             use iris_store::federation as sf;
             if let crate::federation::Route::Queue(peer) = &route {
                 let nonce = crate::tick::new_uid() + &crate::tick::new_uid();
-                sf::insert_handle(tx, name.as_str(), sf::SENT, peer, &user, sf::QUEUED, &nonce)?;
+                sf::insert_handle(tx, name.as_str(), sf::SENT, peer, user, sf::QUEUED, &nonce)?;
             } else if let Some(f) = &handoff {
                 let owner = if f.owner_principal.is_empty() {
-                    &user
+                    user
                 } else {
                     &f.owner_principal
                 };
@@ -561,7 +579,7 @@ impl Controller {
                 sf::append_changelog(tx, name.as_str(), &f.requester_id, None, false, t)?;
             }
         }
-        let spec = Arc::new(JobSpec::from_request(req, band, user, name.depth()));
+        let spec = Arc::new(JobSpec::from_request(req, band, user.clone(), name.depth()));
         Ok((
             c::LaunchJobResponse {
                 job_id: name.to_string(),
@@ -717,6 +735,56 @@ fn eq_constraint(key: &str, value: &str) -> job::Constraint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil;
+
+    /// A group commit runs its submissions without a savepoint each; one that fails after
+    /// writing (here a task insert, made to fail) rolls the batch back, and the batch is
+    /// admitted again with a savepoint each: the others are stored, the failed one not at all.
+    #[tokio::test]
+    async fn a_submission_that_fails_after_writing_costs_the_rest_of_its_batch_nothing() {
+        let ctl = testutil::controller();
+        iris_store::testing::fail_task_inserts(&ctl.db(), "poison").expect("inject");
+        let mut replies = Vec::new();
+        let batch: Vec<crate::Admission> = ["/alice/first", "/alice/poison", "/alice/last"]
+            .iter()
+            .map(|n| {
+                let (reply, rx) = tokio::sync::oneshot::channel();
+                replies.push(rx);
+                crate::Admission {
+                    name: JobName::parse(n).expect("name"),
+                    req: testutil::request(n, 2, 100),
+                    user: "alice".into(),
+                    t: now(),
+                    skip_band_ceiling: false,
+                    submitting_user: "alice".into(),
+                    reply,
+                }
+            })
+            .collect();
+        ctl.admit_batch(batch);
+        let mut answers = Vec::new();
+        for rx in replies {
+            answers.push(rx.await.expect("answered"));
+        }
+        assert!(answers[0].is_ok() && answers[2].is_ok());
+        let refused = answers[1]
+            .as_ref()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("injected failure"), "{refused}");
+        assert_eq!(testutil::job_state(&ctl, "/alice/first"), JobState::Pending);
+        assert_eq!(testutil::job_state(&ctl, "/alice/last"), JobState::Pending);
+        let conn = ctl.db();
+        assert_eq!(
+            iris_store::jobs::job_state_of(&*conn, "/alice/poison").expect("read"),
+            None
+        );
+        assert!(!iris_store::jobs::has_tasks(&*conn, "/alice/poison").expect("read"));
+        for stored in ["/alice/first", "/alice/last"] {
+            assert!(iris_store::jobs::has_tasks(&*conn, stored).expect("read"));
+        }
+    }
 
     #[test]
     fn existing_job_policy() {

@@ -168,6 +168,28 @@ fn spawn_batcher<T: Send + 'static>(
     Ok(())
 }
 
+/// How often the WAL checkpointer copies the controller DB's WAL into the DB file. Under a
+/// storm of submits the WAL grows by about 10,000 pages a second; a passive checkpoint with
+/// nothing to copy reads the WAL index and returns.
+const WAL_CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The thread that checkpoints the controller DB's WAL (its writers leave it to this thread:
+/// `Db::leave_checkpoints_to_another`). It ends within one period of the controller's drop.
+fn spawn_wal_checkpointer(db: Db, ctl: std::sync::Weak<Controller>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("iris-wal".into())
+        .spawn(move || loop {
+            std::thread::sleep(WAL_CHECKPOINT_EVERY);
+            if ctl.strong_count() == 0 {
+                return;
+            }
+            if let Err(e) = db.checkpoint_wal() {
+                tracing::warn!(error = %e, "checkpointing the controller DB's WAL failed; trying again");
+            }
+        })?;
+    Ok(())
+}
+
 /// How many jobs' parsed specs the controller keeps in memory (about a kilobyte each).
 const SPEC_CACHE_JOBS: usize = 50_000;
 
@@ -227,6 +249,12 @@ impl Controller {
         let endpoint_db = Db::open(&db_path).context("opening endpoint connection")?;
         let reconcile_reader = Db::open(&db_path).context("opening the reconcile reader")?;
         let rpc_reader = Db::open(&db_path).context("opening the RPC reader")?;
+        // WAL checkpoints run on a thread of their own, not on whichever writer's commit
+        // crosses the WAL's size limit (`spawn_wal_checkpointer`).
+        let wal = Db::open(&db_path).context("opening the WAL checkpoint connection")?;
+        for c in [&db, &endpoint_db] {
+            c.leave_checkpoints_to_another()?;
+        }
         let (admissions, admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
         let fed_verifier = cfg.auth.as_ref().and_then(auth::federation_verifier);
@@ -283,8 +311,15 @@ impl Controller {
             observe::write_batch,
         )
         .context("starting the observation writer")?;
-        spawn_batcher("iris-admit", admit_rx, 256, weak, Controller::admit_batch)
-            .context("starting the admission thread")?;
+        spawn_batcher(
+            "iris-admit",
+            admit_rx,
+            256,
+            weak.clone(),
+            Controller::admit_batch,
+        )
+        .context("starting the admission thread")?;
+        spawn_wal_checkpointer(wal, weak).context("starting the WAL checkpointer")?;
         Ok(ctl)
     }
 

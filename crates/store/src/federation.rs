@@ -444,6 +444,34 @@ pub fn append_changelog(
     Ok(())
 }
 
+/// A new job below a root this cluster received from a hub goes into that hub's change log.
+/// Updates and deletes are logged by triggers; an insert is logged here, by the two inserts into
+/// `jobs` (`apply::create::insert_job`, `mirror`), because a trigger on insert would make every
+/// job insert run under a statement journal (migration 0010). A root job (depth 1) is never a
+/// received job's child, so most inserts skip even the lookup.
+pub(crate) fn log_received_child(
+    conn: &rusqlite::Connection,
+    job_id: &str,
+    root_job_id: &str,
+    depth: i64,
+) -> Result<()> {
+    if depth <= 1 {
+        return Ok(());
+    }
+    let hub: Option<String> = conn
+        .prepare_cached("SELECT peer_id FROM federated_jobs WHERE job_id = ?1 AND direction = ?2")?
+        .query_row(params![root_job_id, RECEIVED], |r| r.get(0))
+        .optional()?;
+    if let Some(hub) = hub {
+        conn.prepare_cached(
+            "INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
+             VALUES (?1, ?2, NULL, 0, CAST(unixepoch('subsec') * 1000 AS INTEGER))",
+        )?
+        .execute(params![job_id, hub])?;
+    }
+    Ok(())
+}
+
 /// After a restore from a checkpoint: the change log starts a new history whose numbers are
 /// above any its previous life can have issued (`now_ms × 1000`: fewer than a thousand changes a
 /// millisecond since it was first written), so every requester's cursor reads as stale and gets

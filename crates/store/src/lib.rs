@@ -57,6 +57,10 @@ pub struct Tx<'a> {
     changes: &'a changes::Noter,
     /// Some worker row or attribute was written: committing bumps [`workers::generation`].
     workers_changed: std::cell::Cell<bool>,
+    /// The next task insertion number, once this transaction has handed one out: kept here
+    /// and written to `meta` once, at commit, instead of an upsert per inserted job
+    /// ([`Tx::reserve_insertions`]).
+    next_insertion: std::cell::Cell<Option<i64>>,
 }
 
 impl Raw for Db {
@@ -105,7 +109,29 @@ impl Db {
                 .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?,
             changes: &self.changes,
             workers_changed: std::cell::Cell::new(false),
+            next_insertion: std::cell::Cell::new(None),
         })
+    }
+
+    /// Stops this connection's commits from checkpointing: by default the commit that takes
+    /// the WAL past 1,000 pages copies it into the DB file and syncs it, on the committing
+    /// thread (12% of the admission thread under a storm of submits). A process that turns
+    /// this off on its writers runs [`Db::checkpoint_wal`] from a thread of its own.
+    pub fn leave_checkpoints_to_another(&self) -> Result<()> {
+        self.conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        Ok(())
+    }
+
+    /// Copies what it can of the WAL into the DB file without waiting for any reader or writer
+    /// (`PRAGMA wal_checkpoint(PASSIVE)`); returns the pages in the WAL and how many of them
+    /// are now in the DB file. A writer starts the WAL over once every page is copied and no
+    /// reader still reads it, so it stays bounded as with checkpoints on commit.
+    pub fn checkpoint_wal(&self) -> Result<(i64, i64)> {
+        Ok(self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get(1)?, r.get(2)?))
+            })?)
     }
 
     /// Lets this connection cache up to `mib` MiB of pages (SQLite's default is 2 MiB). For a
@@ -130,6 +156,7 @@ impl Db {
             tx: self.conn.unchecked_transaction()?,
             changes: &self.changes,
             workers_changed: std::cell::Cell::new(false),
+            next_insertion: std::cell::Cell::new(None),
         })
     }
 }
@@ -137,6 +164,13 @@ impl Db {
 impl Tx<'_> {
     /// Commits the transaction.
     pub fn commit(self) -> Result<()> {
+        if let Some(next) = self.next_insertion.get() {
+            self.tx
+                .prepare_cached(
+                    "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                )?
+                .execute(params![INSERTION_KEY, next])?;
+        }
         let workers_changed = self.workers_changed.get();
         let changes = self.changes;
         self.tx.commit()?;
@@ -145,6 +179,28 @@ impl Tx<'_> {
             workers::bump_generation();
         }
         Ok(())
+    }
+
+    /// Runs `f` without a savepoint of its own and says whether an error left writes behind.
+    /// A savepoint journals every page first touched inside it (with a trigger's statement
+    /// journal, 20% of the admission thread), so a group commit whose steps check before they
+    /// write runs each step this way and falls back to [`Tx::savepoint`] only when one fails
+    /// after writing. Sound because SQLite undoes a failed statement itself: a statement that
+    /// may fail part-way through several writes runs under a statement journal, one that
+    /// cannot fails before its single write, and an I/O error rolls the whole transaction back
+    /// (then `Dirty`, since the transaction is gone).
+    pub fn attempt<T, E>(
+        &self,
+        f: impl FnOnce(&Tx<'_>) -> std::result::Result<T, E>,
+    ) -> Attempt<T, E> {
+        let before = self.tx.total_changes();
+        match f(self) {
+            Ok(v) => Attempt::Done(v),
+            Err(e) if self.tx.total_changes() == before && !self.tx.is_autocommit() => {
+                Attempt::Refused(e)
+            }
+            Err(e) => Attempt::Dirty(e),
+        }
     }
 
     /// Runs `f` inside a savepoint: its writes are kept if it returns `Ok` and rolled back if it
@@ -167,6 +223,17 @@ impl Tx<'_> {
         }
         r
     }
+}
+
+/// How a step run by [`Tx::attempt`] ended.
+#[derive(Debug)]
+pub enum Attempt<T, E> {
+    /// It succeeded; its writes are part of the transaction.
+    Done(T),
+    /// It failed without writing anything: the transaction goes on as if it had not run.
+    Refused(E),
+    /// It failed after writing: the transaction must be rolled back.
+    Dirty(E),
 }
 
 /// Store errors.
@@ -279,23 +346,50 @@ pub fn meta_get(conn: &impl Read, key: &str) -> Result<Option<i64>> {
         .optional()?)
 }
 
-/// Adds `n` to a `meta` counter and returns the first value of the reserved range.
-pub(crate) fn meta_reserve(conn: &Connection, key: &str, n: i64) -> Result<i64> {
-    let cur: Option<i64> = conn
-        .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
-        .query_row([key], |r| r.get(0))
-        .optional()?;
-    let cur = cur.unwrap_or(0);
-    conn.prepare_cached(
-        "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-    )?
-    .execute(params![key, cur + n])?;
-    Ok(cur)
+/// The `meta` counter of task insertion numbers (`tasks.priority_insertion`, FIFO among equals).
+const INSERTION_KEY: &str = "task_priority_insertion";
+
+impl Tx<'_> {
+    /// Reserves `n` task insertion numbers and returns the first. Numbers a rolled-back
+    /// savepoint reserved are skipped, never reused: only their order matters.
+    pub(crate) fn reserve_insertions(&self, n: i64) -> Result<i64> {
+        let first = match self.next_insertion.get() {
+            Some(next) => next,
+            None => self
+                .tx
+                .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
+                .query_row([INSERTION_KEY], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0),
+        };
+        self.next_insertion.set(Some(first + n));
+        Ok(first)
+    }
 }
 
 /// Helpers for tests of other crates that need a DB in a particular shape.
 pub mod testing {
     use super::*;
+
+    /// Makes `db`'s inserts of tasks for jobs whose id ends in `suffix` (letters, digits and
+    /// `-` only) fail, by a trigger on this connection alone: a submission that fails after
+    /// its job's row was written.
+    pub fn fail_task_inserts(db: &Db, suffix: &str) -> Result<()> {
+        if !suffix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(Error::Invalid(format!(
+                "suffix '{suffix}': letters, digits and '-' only"
+            )));
+        }
+        db.conn.execute_batch(&format!(
+            "CREATE TEMP TRIGGER fail_task_inserts BEFORE INSERT ON main.tasks
+             WHEN NEW.job_id LIKE '%{suffix}'
+             BEGIN SELECT RAISE(ABORT, 'injected failure of a task insert'); END"
+        ))?;
+        Ok(())
+    }
 
     /// Brings the DB at `path` forward one pending migration at a time, checking integrity and
     /// foreign keys after each; returns the migrations applied, in order (an upgrade test walks
@@ -392,6 +486,74 @@ mod tests {
         };
         assert_eq!(count("/fixture/upgrade-fail"), 1);
         assert_eq!(count("/fixture/upgrade-ok"), 0);
+    }
+
+    /// The controller's writers leave checkpoints to a thread of their own: past the 1,000
+    /// pages at which a commit would have copied the WAL, it keeps growing until
+    /// `checkpoint_wal` (on another connection) copies all of it, after which the next write
+    /// starts the WAL over.
+    #[test]
+    fn a_writer_that_leaves_checkpoints_to_another_connection_keeps_a_bounded_wal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.sqlite3");
+        let mut writer = Db::open(&p).expect("open");
+        writer.leave_checkpoints_to_another().expect("pragma");
+        let checkpointer = Db::open(&p).expect("open");
+        checkpointer.checkpoint_wal().expect("checkpoint");
+        let write = |db: &mut Db, from: usize, n: usize| {
+            let tx = db.begin().expect("tx");
+            for i in from..from + n {
+                tx.tx
+                    .execute(
+                        "INSERT INTO meta(key, value) VALUES (?1, ?2)",
+                        params![format!("{i:0>200}"), i as i64],
+                    )
+                    .expect("insert");
+            }
+            tx.commit().expect("commit");
+        };
+        for round in 0..40 {
+            write(&mut writer, round * 500, 500);
+        }
+        let (in_wal, copied) = checkpointer.checkpoint_wal().expect("checkpoint");
+        assert!(
+            in_wal > 1000,
+            "no commit checkpointed: {in_wal} pages in the WAL"
+        );
+        assert_eq!(
+            copied, in_wal,
+            "a passive checkpoint with no reader copies all"
+        );
+        write(&mut writer, 1_000_000, 1);
+        let (after, _) = checkpointer.checkpoint_wal().expect("checkpoint");
+        assert!(
+            after < 50,
+            "the next write started the WAL over: {after} pages"
+        );
+    }
+
+    /// A trigger on insert puts every insert into its table under a statement journal: the
+    /// tables a submission inserts into have none (ARCHITECTURE.md, `crates/store`).
+    #[test]
+    fn the_tables_a_submission_inserts_into_have_no_insert_trigger() {
+        let c = Db::open_in_memory().expect("open");
+        let mut st = c
+            .conn
+            .prepare("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'")
+            .expect("prepare");
+        let triggers: Vec<(String, String, String)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query")
+            .collect::<rusqlite::Result<_>>()
+            .expect("rows");
+        assert!(!triggers.is_empty(), "the schema has triggers to check");
+        for (name, table, sql) in triggers {
+            let on_insert = sql.to_uppercase().contains(" INSERT ON ");
+            assert!(
+                !(on_insert && ["jobs", "job_config", "tasks"].contains(&table.as_str())),
+                "trigger {name} fires on inserts into {table}"
+            );
+        }
     }
 
     #[test]

@@ -413,4 +413,20 @@ BEGIN
 END;
 "#,
     ),
+    (
+        "0010_lighter_submits",
+        r#"
+-- Any trigger on a table makes SQLite run each insert into it as a program that may write
+-- several rows, under a statement journal: every page the insert touches is copied first (with
+-- the savepoint each submission had, 15% of the admission thread). Inserting a job now logs a
+-- received job's child itself (`federation::log_received_child`, called by the two inserts).
+DROP TRIGGER federation_log_job_insert;
+-- (state, submitted_at_ms) serves every lookup by state; the index on state alone was one more
+-- B-tree written on every job insert and state change.
+DROP INDEX idx_jobs_state;
+-- A task without a worker (every task at submit) has nothing to find by worker.
+DROP INDEX idx_tasks_worker;
+CREATE INDEX idx_tasks_worker ON tasks(current_worker_id) WHERE current_worker_id IS NOT NULL;
+"#,
+    ),
 ];

@@ -2,7 +2,7 @@
 //! never run) and its tasks' (PENDING) are written here, the only writes of a state column
 //! outside the transition functions.
 
-use crate::{meta_reserve, Result, Tx};
+use crate::{Result, Tx};
 use iris_types::{JobState, TaskState};
 use rusqlite::{params, OptionalExtension};
 
@@ -56,6 +56,7 @@ pub struct NewJob {
 
 /// Inserts a job, its config and its tasks. Returns `submitted_at_ms` (strictly increasing).
 pub fn insert_job(tx: &Tx<'_>, j: &NewJob, now: i64) -> Result<i64> {
+    let outer = tx;
     let tx = &tx.tx;
     let last: Option<i64> = tx
         .prepare_cached("SELECT MAX(submitted_at_ms) FROM jobs")?
@@ -106,6 +107,7 @@ pub fn insert_job(tx: &Tx<'_>, j: &NewJob, now: i64) -> Result<i64> {
         j.job_id.to_lowercase(),
         cluster,
     ])?;
+    crate::federation::log_received_child(tx, &j.job_id, &j.root_job_id, i64::from(j.depth))?;
     let c = &j.cfg;
     tx.prepare_cached(
         "INSERT INTO job_config(job_id, res_cpu_millicores, res_memory_bytes, res_disk_bytes, res_device_json,
@@ -151,7 +153,7 @@ pub fn insert_job(tx: &Tx<'_>, j: &NewJob, now: i64) -> Result<i64> {
         .execute(params![j.job_id, name, data])?;
     }
     if num_tasks > 0 && j.federated.is_none() {
-        let first = meta_reserve(tx, "task_priority_insertion", num_tasks as i64)?;
+        let first = outer.reserve_insertions(num_tasks as i64)?;
         let mut st = tx.prepare_cached(
             "INSERT INTO tasks(task_id, job_id, task_index, state, submitted_at_ms, max_retries_failure,
                 max_retries_preemption, current_attempt_id, priority_neg_depth, priority_root_submitted_ms,

@@ -1408,3 +1408,105 @@ fn pending_and_holding_sets_kept_from_noted_row_changes_equal_a_full_read() {
         "{incremental} steps kept incrementally, {resyncs} full reads"
     );
 }
+
+/// Migration 0010 dropped the insert trigger on `jobs`: `insert_job` logs a new job below a
+/// root received from a hub for that hub itself, and nothing for any other job.
+#[test]
+fn a_received_jobs_new_child_goes_into_its_hubs_change_log() {
+    use crate::federation as sf;
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    let received = job("/alice/received", 1);
+    let local = job("/alice/local", 1);
+    insert(&tx, &received);
+    insert(&tx, &local);
+    sf::insert_handle(
+        &tx,
+        "/alice/received",
+        sf::RECEIVED,
+        "hub",
+        "alice",
+        sf::HANDED_OFF,
+        "n",
+    )
+    .expect("handle");
+    let cursor = sf::changes_since(&tx, "hub", "").expect("log").max_seq;
+    insert(&tx, &child(&received, "eval", 2));
+    insert(&tx, &child(&local, "eval", 2));
+    let grandchild = child(&child(&received, "eval", 0), "inner", 1);
+    insert(&tx, &grandchild);
+    let changed = sf::changes_since(&tx, "hub", &cursor.to_string()).expect("log");
+    let ids: Vec<&str> = changed.jobs.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["/alice/received/eval", "/alice/received/eval/inner"]);
+    assert!(changed.jobs.iter().all(|(_, tasks)| tasks == &Some(None)));
+}
+
+fn insertion(tx: &Tx<'_>, task: &str) -> i64 {
+    tx.raw()
+        .query_row(
+            "SELECT priority_insertion FROM tasks WHERE task_id = ?1",
+            [task],
+            |r| r.get(0),
+        )
+        .expect("task")
+}
+
+/// Task insertion numbers are handed out from memory within a transaction and written to
+/// `meta` once at its commit: they rise across jobs and transactions, never repeat, and a
+/// rolled-back transaction's numbers are not seen again.
+#[test]
+fn task_insertion_numbers_rise_across_jobs_and_commits_and_never_repeat() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    insert(&tx, &job("/alice/a", 3));
+    insert(&tx, &job("/alice/b", 2));
+    tx.commit().expect("commit");
+    let tx = db.begin().expect("tx");
+    insert(&tx, &job("/alice/rolled-back", 4));
+    drop(tx);
+    let tx = db.begin().expect("tx");
+    insert(&tx, &job("/alice/c", 1));
+    let order: Vec<i64> = [
+        "/alice/a/0",
+        "/alice/a/1",
+        "/alice/a/2",
+        "/alice/b/0",
+        "/alice/b/1",
+        "/alice/c/0",
+    ]
+    .iter()
+    .map(|t| insertion(&tx, t))
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+    tx.commit().expect("commit");
+    let tx = db.begin().expect("tx");
+    insert(&tx, &job("/alice/d", 1));
+    assert!(insertion(&tx, "/alice/d/0") > order[5]);
+}
+
+/// `Tx::attempt` runs a step without a savepoint and says whether a failure left writes
+/// behind: a step that fails before writing, or whose failing statement SQLite undid itself
+/// (a duplicate job id), is refused and the transaction goes on; one that fails after a
+/// write is dirty.
+#[test]
+fn attempt_tells_a_refusal_from_a_failure_after_writing() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    let done = tx.attempt(|tx| insert_job(tx, &job("/alice/a", 2), T0));
+    assert!(matches!(done, crate::Attempt::Done(_)));
+    let refused = tx.attempt(|tx| {
+        jobs::job_state_of(tx, "/alice/a")?;
+        Err::<(), _>(crate::Error::Invalid("checked, then refused".into()))
+    });
+    assert!(matches!(refused, crate::Attempt::Refused(_)));
+    let duplicate = tx.attempt(|tx| insert_job(tx, &job("/alice/a", 1), T0));
+    assert!(matches!(duplicate, crate::Attempt::Refused(_)));
+    let dirty = tx.attempt(|tx| {
+        insert_job(tx, &job("/alice/b", 1), T0)?;
+        Err::<(), _>(crate::Error::Invalid("failed after writing".into()))
+    });
+    assert!(matches!(dirty, crate::Attempt::Dirty(_)));
+    drop(tx);
+    let tx = db.begin().expect("tx");
+    assert!(jobs::job_state_of(&tx, "/alice/a").expect("read").is_none());
+}
