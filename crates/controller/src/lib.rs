@@ -173,8 +173,13 @@ fn spawn_batcher<T: Send + 'static>(
 /// nothing to copy reads the WAL index and returns.
 const WAL_CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// The thread that checkpoints the controller DB's WAL (its writers leave it to this thread:
-/// `Db::leave_checkpoints_to_another`). It ends within one period of the controller's drop.
+/// How large the controller DB's WAL may grow (pages of 4 KiB) before a writer's commit copies
+/// what the checkpoint thread has not, and so lets the WAL start over (SQLite's default is 1,000).
+const WAL_PAGES_BEFORE_A_COMMIT_COPIES: u32 = 10_000;
+
+/// The thread that checkpoints the controller DB's WAL, so that its writers' commits find
+/// little to copy (`Db::checkpoint_on_commit_past`). It ends within one period of the
+/// controller's drop.
 fn spawn_wal_checkpointer(db: Db, ctl: std::sync::Weak<Controller>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("iris-wal".into())
@@ -249,11 +254,11 @@ impl Controller {
         let endpoint_db = Db::open(&db_path).context("opening endpoint connection")?;
         let reconcile_reader = Db::open(&db_path).context("opening the reconcile reader")?;
         let rpc_reader = Db::open(&db_path).context("opening the RPC reader")?;
-        // WAL checkpoints run on a thread of their own, not on whichever writer's commit
-        // crosses the WAL's size limit (`spawn_wal_checkpointer`).
+        // WAL checkpoints run mostly on a thread of their own (`spawn_wal_checkpointer`); a
+        // writer's commit copies what is left only past WAL_PAGES_BEFORE_A_COMMIT_COPIES.
         let wal = Db::open(&db_path).context("opening the WAL checkpoint connection")?;
         for c in [&db, &endpoint_db] {
-            c.leave_checkpoints_to_another()?;
+            c.checkpoint_on_commit_past(WAL_PAGES_BEFORE_A_COMMIT_COPIES)?;
         }
         let (admissions, admit_rx) = tokio::sync::mpsc::unbounded_channel::<Admission>();
         let verifier = cfg.auth.as_ref().map(auth::control_plane_verifier);
