@@ -504,23 +504,28 @@ mod tests {
         let mut writer = Db::open(&p).expect("open");
         writer.checkpoint_on_commit_past(2000).expect("pragma");
         let checkpointer = Db::open(&p).expect("open");
-        let mut most = 0;
-        let mut copied_by_checkpointer = 0;
-        for round in 0..300 {
-            let tx = writer.begin().expect("tx");
-            for i in 0..100 {
-                tx.tx
-                    .execute(
-                        "INSERT INTO meta(key, value) VALUES (?1, ?2)",
-                        params![format!("{:0>300}", round * 100 + i), i],
-                    )
-                    .expect("insert");
+        // Rounds of 100 rows, the other connection checkpointing inside each: the most pages
+        // it saw in the WAL and the most it had copied.
+        let rounds = |writer: &mut Db, from: usize, to: usize| -> (i64, i64) {
+            let (mut most, mut copied_most) = (0, 0);
+            for round in from..to {
+                let tx = writer.begin().expect("tx");
+                for i in 0..100 {
+                    tx.tx
+                        .execute(
+                            "INSERT INTO meta(key, value) VALUES (?1, ?2)",
+                            params![format!("{:0>300}", round * 100 + i), i],
+                        )
+                        .expect("insert");
+                }
+                let (in_wal, copied) = checkpointer.checkpoint_wal().expect("checkpoint");
+                most = most.max(in_wal);
+                copied_most = copied_most.max(copied);
+                tx.commit().expect("commit");
             }
-            let (in_wal, copied) = checkpointer.checkpoint_wal().expect("checkpoint");
-            most = most.max(in_wal);
-            copied_by_checkpointer = copied_by_checkpointer.max(copied);
-            tx.commit().expect("commit");
-        }
+            (most, copied_most)
+        };
+        let (most, copied_by_checkpointer) = rounds(&mut writer, 0, 300);
         assert!(
             copied_by_checkpointer > 1000,
             "the checkpointer copied pages"
@@ -530,19 +535,7 @@ mod tests {
             "the WAL started over past the limit: {most} pages at most"
         );
         writer.checkpoint_on_commit_past(0).expect("pragma");
-        for round in 300..400 {
-            let tx = writer.begin().expect("tx");
-            for i in 0..100 {
-                tx.tx
-                    .execute(
-                        "INSERT INTO meta(key, value) VALUES (?1, ?2)",
-                        params![format!("{:0>300}", round * 100 + i), i],
-                    )
-                    .expect("insert");
-            }
-            checkpointer.checkpoint_wal().expect("checkpoint");
-            tx.commit().expect("commit");
-        }
+        rounds(&mut writer, 300, 400);
         let (in_wal, _) = checkpointer.checkpoint_wal().expect("checkpoint");
         assert!(
             in_wal > 2200,
