@@ -50,10 +50,5 @@ pub fn validate_and_stamp(path: &Path, epoch_ms: i64) -> Result<()> {
 
 /// Records the checkpoint just taken.
 pub fn record_taken(tx: &Tx<'_>, epoch_ms: i64) -> Result<()> {
-    tx.raw()
-        .prepare_cached(
-            "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-        )?
-        .execute(params![META_KEY, epoch_ms])?;
-    Ok(())
+    crate::meta_set(tx.raw(), META_KEY, epoch_ms)
 }

@@ -430,7 +430,18 @@ pub fn append_changelog(
     tombstone: bool,
     now: i64,
 ) -> Result<()> {
-    tx.raw().prepare_cached(
+    changelog_row(tx.raw(), job_id, requester, task_index, tombstone, now)
+}
+
+fn changelog_row(
+    conn: &rusqlite::Connection,
+    job_id: &str,
+    requester: &str,
+    task_index: Option<i64>,
+    tombstone: bool,
+    now: i64,
+) -> Result<()> {
+    conn.prepare_cached(
         "INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
@@ -454,6 +465,7 @@ pub(crate) fn log_received_child(
     job_id: &str,
     root_job_id: &str,
     depth: i64,
+    now: i64,
 ) -> Result<()> {
     if depth <= 1 {
         return Ok(());
@@ -462,14 +474,10 @@ pub(crate) fn log_received_child(
         .prepare_cached("SELECT peer_id FROM federated_jobs WHERE job_id = ?1 AND direction = ?2")?
         .query_row(params![root_job_id, RECEIVED], |r| r.get(0))
         .optional()?;
-    if let Some(hub) = hub {
-        conn.prepare_cached(
-            "INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
-             VALUES (?1, ?2, NULL, 0, CAST(unixepoch('subsec') * 1000 AS INTEGER))",
-        )?
-        .execute(params![job_id, hub])?;
+    match hub {
+        Some(hub) => changelog_row(conn, job_id, &hub, None, false, now),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// After a restore from a checkpoint: the change log starts a new history whose numbers are

@@ -170,11 +170,7 @@ impl Tx<'_> {
     /// Commits the transaction.
     pub fn commit(self) -> Result<()> {
         if let Some(next) = self.next_insertion.get() {
-            self.tx
-                .prepare_cached(
-                    "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                )?
-                .execute(params![INSERTION_KEY, next])?;
+            meta_set(&self.tx, INSERTION_KEY, next)?;
         }
         let workers_changed = self.workers_changed.get();
         let changes = self.changes;
@@ -351,6 +347,15 @@ pub fn meta_get(conn: &impl Read, key: &str) -> Result<Option<i64>> {
         .optional()?)
 }
 
+/// Writes an integer to `meta`.
+pub(crate) fn meta_set(conn: &Connection, key: &str, value: i64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+    )?
+    .execute(params![key, value])?;
+    Ok(())
+}
+
 /// The `meta` counter of task insertion numbers (`tasks.priority_insertion`, FIFO among equals).
 const INSERTION_KEY: &str = "task_priority_insertion";
 
@@ -360,12 +365,7 @@ impl Tx<'_> {
     pub(crate) fn reserve_insertions(&self, n: i64) -> Result<i64> {
         let first = match self.next_insertion.get() {
             Some(next) => next,
-            None => self
-                .tx
-                .prepare_cached("SELECT value FROM meta WHERE key = ?1")?
-                .query_row([INSERTION_KEY], |r| r.get(0))
-                .optional()?
-                .unwrap_or(0),
+            None => meta_get(self, INSERTION_KEY)?.unwrap_or(0),
         };
         self.next_insertion.set(Some(first + n));
         Ok(first)
