@@ -76,6 +76,9 @@ pub struct Controller {
     /// (`MutexGuard::unlock_fair`): the observation writer, which would otherwise hold it back to
     /// back, lets the tick and admission in between its transactions (`crate::observe`).
     db: parking_lot::Mutex<Db>,
+    /// Threads waiting for [`Controller::db`] (the observation writer ends its transaction early
+    /// for them: `crate::observe`).
+    writer_wanted: std::sync::atomic::AtomicUsize,
     logs: Mutex<LogDb>,
     /// finelog's stats store (`crate::stats`).
     stats: Mutex<iris_store::stats::StatsDb>,
@@ -205,8 +208,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Controller {
+    /// The writer connection (one for the whole controller).
     fn db(&self) -> parking_lot::MutexGuard<'_, Db> {
-        self.db.lock()
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(conn) = self.db.try_lock() {
+            return conn;
+        }
+        self.writer_wanted.fetch_add(1, Relaxed);
+        let conn = self.db.lock();
+        self.writer_wanted.fetch_sub(1, Relaxed);
+        conn
+    }
+
+    /// Whether another thread waits for the writer connection.
+    fn writer_wanted(&self) -> bool {
+        self.writer_wanted
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    }
+
+    /// Tests: behave as if another thread waited for the writer connection (or stop).
+    #[cfg(test)]
+    pub(crate) fn pretend_writer_wanted(&self, wanted: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if wanted {
+            self.writer_wanted.fetch_add(1, Relaxed);
+        } else {
+            self.writer_wanted.fetch_sub(1, Relaxed);
+        }
     }
 
     /// The read RPCs' connection; read in one `begin_read` transaction on it.
@@ -272,6 +301,7 @@ impl Controller {
         let ctl = Arc::new_cyclic(|me| Controller {
             cfg,
             db: parking_lot::Mutex::new(db),
+            writer_wanted: Default::default(),
             logs: Mutex::new(logs),
             stats: Mutex::new(stats),
             usage: Mutex::new(Default::default()),

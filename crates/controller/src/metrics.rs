@@ -51,6 +51,9 @@ pub(crate) struct Metrics {
     rpc_requests: Family<MethodCode, Counter>,
     commit_seconds: Histogram,
     commit_batch: Histogram,
+    observation_queue_seconds: Histogram,
+    observation_tx_seconds: Histogram,
+    observation_tx_reports: Histogram,
     log_bytes: Counter,
     log_lines: Counter,
     steps: Family<StateLabel, Counter>,
@@ -74,6 +77,9 @@ impl Metrics {
             rpc_requests: Family::default(),
             commit_seconds: latency(),
             commit_batch: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            observation_queue_seconds: latency(),
+            observation_tx_seconds: latency(),
+            observation_tx_reports: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
             log_bytes: Counter::default(),
             log_lines: Counter::default(),
             steps: Family::default(),
@@ -127,6 +133,21 @@ impl Metrics {
             "admission_batch_size",
             "Submissions per group-commit batch",
             m.commit_batch.clone(),
+        );
+        r.register(
+            "observation_queue_seconds",
+            "Time a worker's reconcile answer waited for the observation writer",
+            m.observation_queue_seconds.clone(),
+        );
+        r.register(
+            "observation_transaction_seconds",
+            "Time to apply and commit one transaction of workers' reconcile answers",
+            m.observation_tx_seconds.clone(),
+        );
+        r.register(
+            "observation_transaction_reports",
+            "Workers' reconcile answers per observation-writer transaction",
+            m.observation_tx_reports.clone(),
         );
         r.register(
             "log_bytes",
@@ -208,6 +229,17 @@ impl Metrics {
         self.commit_seconds.observe(took.as_secs_f64());
     }
 
+    /// A reconcile answer reached the observation writer after waiting `waited`.
+    pub(crate) fn observation_queued(&self, waited: Duration) {
+        self.observation_queue_seconds.observe(waited.as_secs_f64());
+    }
+
+    /// The observation writer committed `reports` answers in one transaction taking `took`.
+    pub(crate) fn observation_transaction(&self, reports: usize, took: Duration) {
+        self.observation_tx_reports.observe(reports as f64);
+        self.observation_tx_seconds.observe(took.as_secs_f64());
+    }
+
     pub(crate) fn logs_stored(&self, lines: usize, bytes: usize) {
         self.log_lines.inc_by(lines as u64);
         self.log_bytes.inc_by(bytes as u64);
@@ -247,6 +279,8 @@ mod tests {
         m.tick_plan(&[("batch", 5)], 3, 1);
         m.rpc("LaunchJob", 200, Duration::from_micros(300));
         m.admission_batch(4, Duration::from_millis(1));
+        m.observation_queued(Duration::from_millis(2));
+        m.observation_transaction(3, Duration::from_millis(4));
         m.logs_stored(2, 10);
         let text = m.render();
         for line in [
@@ -258,6 +292,9 @@ mod tests {
             "iris_rpc_requests_total{method=\"LaunchJob\",code=\"200\"} 1",
             "iris_rpc_duration_seconds_count{method=\"LaunchJob\"} 1",
             "iris_admission_batch_size_sum 4.0",
+            "iris_observation_queue_seconds_count 1",
+            "iris_observation_transaction_seconds_count 1",
+            "iris_observation_transaction_reports_sum 3.0",
             "iris_log_bytes_total 10",
             "iris_tick_duration_seconds_count 1",
         ] {

@@ -16,6 +16,8 @@ pub(crate) struct Report {
     observed: Vec<Observation>,
     /// Whether any observation changed state; `None` if the answer could not be stored.
     reply: oneshot::Sender<Option<bool>>,
+    /// When it was queued (for `iris_observation_queue_seconds`).
+    sent: std::time::Instant,
 }
 
 pub(crate) type Sender = mpsc::UnboundedSender<Report>;
@@ -23,6 +25,10 @@ pub(crate) type Sender = mpsc::UnboundedSender<Report>;
 /// Commits one batch of reports (up to 512, `crate::spawn_batcher`; in transactions of about
 /// [`TX_BUDGET`]) and tells each sender.
 pub(crate) fn write_batch(ctl: &Controller, batch: Vec<Report>) {
+    let taken = std::time::Instant::now();
+    for r in &batch {
+        ctl.metrics.observation_queued(taken.duration_since(r.sent));
+    }
     let reports: Vec<(&str, &[Observation])> = batch
         .iter()
         .map(|r| (r.worker_id.as_str(), r.observed.as_slice()))
@@ -48,6 +54,7 @@ impl Controller {
             worker_id: worker_id.to_string(),
             observed,
             reply,
+            sent: std::time::Instant::now(),
         };
         if self.observations.send(report).is_err() {
             return None; // the controller is shutting down
@@ -56,14 +63,28 @@ impl Controller {
     }
 }
 
-/// How long one of the writer's transactions may keep taking reports. The writer connection
-/// is shared with the tick's assignments and with admission; a transaction of 512 busy workers'
-/// answers held it for up to ~0.4 s at C1M shape, and submissions (a few jobs per turn) waited
-/// behind transaction after transaction (BENCHMARKS.md).
-const TX_BUDGET: std::time::Duration = std::time::Duration::from_millis(25);
+/// How long one of the writer's transactions may keep taking reports: at least `shared`, then
+/// on until `alone` has passed or another thread waits for the writer connection.
+#[derive(Clone, Copy)]
+pub(crate) struct TxBudget {
+    pub shared: std::time::Duration,
+    pub alone: std::time::Duration,
+}
+
+/// The writer connection is shared with the tick's assignments and with admission. A
+/// transaction of 512 busy workers' answers held it for up to ~0.4 s at C1M shape, and
+/// submissions (a few jobs per turn) waited behind transaction after transaction; but
+/// transactions of 25 ms each spent a third of the writer's time committing (each writes every
+/// page it dirtied to the WAL) and rolled the same jobs up again and again, and the answers
+/// queued for ~12 s (BENCHMARKS.md). So a transaction runs long while nobody else waits, and
+/// hands the connection over after `shared` when someone does.
+const TX_BUDGET: TxBudget = TxBudget {
+    shared: std::time::Duration::from_millis(25),
+    alone: std::time::Duration::from_millis(250),
+};
 
 /// Applies `reports` (worker, observations) and marks each worker alive, in transactions of
-/// about [`TX_BUDGET`] each, handing the writer connection fairly to whoever waits in between;
+/// [`TX_BUDGET`] each, handing the writer connection fairly to whoever waits in between;
 /// returns, per report, whether it changed state (`None`: not stored). If a transaction fails,
 /// its first report is applied alone, so that one bad report cannot hold back the others.
 pub(crate) fn apply_reports(
@@ -73,25 +94,31 @@ pub(crate) fn apply_reports(
     apply_reports_within(ctl, reports, TX_BUDGET)
 }
 
-/// [`apply_reports`] with transactions of about `budget` each.
+/// [`apply_reports`] with transactions of `budget` each.
 pub(crate) fn apply_reports_within(
     ctl: &Controller,
     reports: &[(&str, &[Observation])],
-    budget: std::time::Duration,
+    budget: TxBudget,
 ) -> Vec<Option<bool>> {
     let mut out = Vec::with_capacity(reports.len());
     let mut rest = reports;
+    let done = |elapsed: std::time::Duration| {
+        elapsed >= budget.alone || (elapsed >= budget.shared && ctl.writer_wanted())
+    };
     while let Some(first) = rest.first() {
         let now = iris_store::now_ms();
         let mut conn = ctl.db();
-        match in_one_tx(&mut conn, rest, now, budget) {
+        let started = std::time::Instant::now();
+        match in_one_tx(&mut conn, rest, now, done) {
             Ok(changed) => {
+                ctl.metrics
+                    .observation_transaction(changed.len(), started.elapsed());
                 rest = &rest[changed.len()..];
                 out.extend(changed.into_iter().map(Some));
             }
             Err(e) => {
                 tracing::warn!(worker = %first.0, error = %e, "applying reconcile responses; retrying the first alone");
-                let alone = in_one_tx(&mut conn, std::slice::from_ref(first), now, budget);
+                let alone = in_one_tx(&mut conn, std::slice::from_ref(first), now, done);
                 out.push(match alone {
                     Ok(changed) => changed.first().copied(),
                     Err(e) => {
@@ -107,13 +134,13 @@ pub(crate) fn apply_reports_within(
     out
 }
 
-/// Applies `reports` from the first, in one transaction, until `budget` has passed (at least
-/// one): per report applied, whether it changed state.
+/// Applies `reports` from the first, in one transaction, until `done` says so of the time it
+/// has taken (at least one): per report applied, whether it changed state.
 fn in_one_tx(
     conn: &mut iris_store::Db,
     reports: &[(&str, &[Observation])],
     now: i64,
-    budget: std::time::Duration,
+    done: impl Fn(std::time::Duration) -> bool,
 ) -> iris_store::Result<Vec<bool>> {
     let started = std::time::Instant::now();
     let tx = conn.begin()?;
@@ -122,7 +149,7 @@ fn in_one_tx(
     let mut rollups = apply::JobRollups::default();
     for (worker_id, observed) in reports {
         out.push(apply_one(&tx, worker_id, observed, now, &mut rollups)?);
-        if started.elapsed() >= budget {
+        if done(started.elapsed()) {
             break;
         }
     }

@@ -471,8 +471,8 @@ async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_att
     }
 }
 
-/// The observation writer splits a batch into transactions of about `observe::TX_BUDGET` each
-/// (so the tick and admission get the writer in between): with no budget at all, every answer
+/// The observation writer splits a batch into transactions (`observe::TX_BUDGET`, so the tick
+/// and admission get the writer in between): with no budget at all, every answer
 /// is its own transaction, and each still gets its own verdict, in order.
 #[tokio::test]
 async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdict() {
@@ -496,7 +496,14 @@ async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdic
         .iter()
         .map(|(w, o)| (w.as_str(), o.as_slice()))
         .collect();
-    let verdicts = crate::observe::apply_reports_within(&ctl, &reports, std::time::Duration::ZERO);
+    let verdicts = crate::observe::apply_reports_within(
+        &ctl,
+        &reports,
+        crate::observe::TxBudget {
+            shared: std::time::Duration::ZERO,
+            alone: std::time::Duration::ZERO,
+        },
+    );
     let expected: Vec<Option<bool>> = (0..n).map(|i| Some(i % 3 != 0)).collect();
     assert_eq!(verdicts, expected);
     for i in 0..n {
@@ -507,5 +514,57 @@ async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdic
             TaskState::Running
         };
         assert_eq!(task_state(&ctl, &t), want, "{t}");
+    }
+}
+
+/// The observation writer keeps one transaction going while nobody else wants the writer
+/// connection, and ends it after the shared budget once another thread waits for it (the tick's
+/// assignments, admission), so that answers are committed in large transactions without
+/// holding submissions up.
+#[tokio::test]
+async fn answers_share_one_transaction_until_another_thread_waits_for_the_writer() {
+    let ctl = controller();
+    let n = 8;
+    for i in 0..n {
+        register(&ctl, &format!("w{i}"), 1, 4 * GIB);
+        launch(&ctl, request(&format!("/alice/tx{i}"), 1, 1000)).await;
+    }
+    for _ in 0..n {
+        tick(&ctl).expect("tick");
+    }
+    let answers: Vec<(String, Vec<apply::Observation>)> = (0..n)
+        .map(|i| {
+            let (from, obs) = running_answer(&ctl, &format!("/alice/tx{i}/0"), false, ["w0", "w1"]);
+            (from, vec![obs])
+        })
+        .collect();
+    let reports: Vec<(&str, &[apply::Observation])> = answers
+        .iter()
+        .map(|(w, o)| (w.as_str(), o.as_slice()))
+        .collect();
+    let budget = crate::observe::TxBudget {
+        shared: std::time::Duration::ZERO,
+        alone: std::time::Duration::from_secs(3600),
+    };
+    let transactions = |ctl: &crate::Controller| {
+        let text = ctl.metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix("iris_observation_transaction_reports_count "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // Nobody else waits: the first half goes in one transaction.
+    let verdicts = crate::observe::apply_reports_within(&ctl, &reports[..n / 2], budget);
+    assert_eq!(verdicts, vec![Some(true); n / 2]);
+    assert_eq!(transactions(&ctl), 1);
+    // Someone waits: each answer of the second half is committed on its own.
+    ctl.pretend_writer_wanted(true);
+    let verdicts = crate::observe::apply_reports_within(&ctl, &reports[n / 2..], budget);
+    ctl.pretend_writer_wanted(false);
+    assert_eq!(verdicts, vec![Some(true); n / 2]);
+    assert_eq!(transactions(&ctl), 1 + n as u64 / 2);
+    for i in 0..n {
+        let t = format!("/alice/tx{i}/0");
+        assert_eq!(task_state(&ctl, &t), TaskState::Running, "{t}");
     }
 }

@@ -127,13 +127,14 @@ pub(crate) fn apply_raw(
     };
     let terminal = step.task.is_terminal();
     super::note_entered(step.task);
+    // The worker columns are written only when the task goes back to PENDING: `current_worker_id`
+    // is a foreign key, and a statement that writes one (even to itself) checks it and runs
+    // under a statement journal (−4% of the writer's instructions per task; BENCHMARKS.md).
     tx.prepare_cached(
         "UPDATE tasks SET state = ?2,
             error = COALESCE(?3, error),
             exit_code = COALESCE(?4, exit_code),
-            finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END,
-            current_worker_id = CASE WHEN ?7 THEN NULL ELSE current_worker_id END,
-            current_worker_address = CASE WHEN ?7 THEN NULL ELSE current_worker_address END
+            finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END
          WHERE task_id = ?1",
     )?
     .execute(params![
@@ -143,8 +144,14 @@ pub(crate) fn apply_raw(
         exit_code,
         terminal,
         now,
-        step.task == TaskState::Pending,
     ])?;
+    if step.task == TaskState::Pending {
+        tx.prepare_cached(
+            "UPDATE tasks SET current_worker_id = NULL, current_worker_address = NULL
+             WHERE task_id = ?1",
+        )?
+        .execute([task_id])?;
+    }
     if let Some(att_state) = step.attempt {
         let att_terminal = att_state.is_terminal();
         let stamp_finish = att_terminal && (finish == Finish::Now || row.worker_id.is_none());
