@@ -1,6 +1,7 @@
 //! The control tick: timeouts → snapshot → `schedule` → commit the plan → wake reconcilers.
 
 use crate::error::Result;
+use crate::pending::Unsynced;
 use crate::{lock, Controller};
 use iris_scheduler::{Policy, RunningTask, Snapshot, Worker};
 use iris_store::{apply, snapshot, Read};
@@ -25,11 +26,10 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
         // Coalesce bursts of wakes (e.g. a storm of submits) into one tick, and keep the tick
         // to about a quarter of one core under load: wait three times as long as the last tick
         // took (a tick over a small queue costs well under a millisecond, so idle clusters still
-        // place work within ~2 ms).
-        tokio::time::sleep(
-            (last_cost * 3).clamp(Duration::from_millis(2), Duration::from_millis(500)),
-        )
-        .await;
+        // place work within ~2 ms), at most 3 s. At 500,000 pending a tick costs 1-2 s; a 500 ms
+        // cap kept it at ~77% of a core there, taken from the observation writer.
+        tokio::time::sleep((last_cost * 3).clamp(Duration::from_millis(2), Duration::from_secs(3)))
+            .await;
         let c = ctl.clone();
         let started = std::time::Instant::now();
         let sweep = last_sweep.elapsed() >= ENDPOINT_SWEEP;
@@ -89,44 +89,46 @@ fn worker_rows(conn: &impl Read) -> Result<Vec<Worker>> {
         .collect())
 }
 
-/// The worker rows as of one [`iris_store::workers::generation`]: the tick and every admission
-/// batch need all of them (5,000 workers and their attributes at C1M shape), and they change only
-/// when a worker registers or goes.
+/// The placement targets as of one [`iris_store::workers::generation`] and one set of backend
+/// targets: the tick and every admission batch need all of them (5,000 workers and their
+/// attributes at C1M shape), and they change only when a worker registers or goes or a backend's
+/// capacity moves. Kept enriched with the availability markers, which cost ~3% of the
+/// controller at that shape when worked out again for every tick and batch.
 pub(crate) struct WorkerRows {
     generation: u64,
-    workers: Vec<Worker>,
+    backends: Vec<Worker>,
+    targets: Vec<Worker>,
 }
 
 impl Controller {
     /// Everything work may be placed on: the worker daemons and, as pooled targets, the
-    /// in-process backends (which have no worker rows). `generation` is the workers' generation
-    /// taken before `conn`'s read transaction first read (or, on the writer connection, under
-    /// its lock): rows read at that generation are reused until it moves.
+    /// in-process backends (which have no worker rows), with their availability markers.
+    /// `generation` is the workers' generation taken before `conn`'s read transaction first
+    /// read (or, on the writer connection, under its lock): rows read at that generation are
+    /// reused until it moves.
     pub(crate) fn placement_targets(
         &self,
         conn: &impl Read,
         generation: u64,
     ) -> Result<Vec<Worker>> {
-        let cached = lock(&self.worker_rows)
+        let backends = self.backend_targets();
+        if let Some(c) = lock(&self.worker_rows)
             .as_ref()
-            .filter(|c| c.generation == generation)
-            .map(|c| c.workers.clone());
-        let mut targets = match cached {
-            Some(w) => w,
-            None => {
-                let rows = worker_rows(conn)?;
-                let mut cache = lock(&self.worker_rows);
-                if cache.as_ref().is_none_or(|c| c.generation <= generation) {
-                    *cache = Some(WorkerRows {
-                        generation,
-                        workers: rows.clone(),
-                    });
-                }
-                rows
-            }
-        };
-        targets.extend(self.backend_targets());
+            .filter(|c| c.generation == generation && c.backends == backends)
+        {
+            return Ok(c.targets.clone());
+        }
+        let mut targets = worker_rows(conn)?;
+        targets.extend(backends.iter().cloned());
         iris_scheduler::enrich_with_availability(&mut targets);
+        let mut cache = lock(&self.worker_rows);
+        if cache.as_ref().is_none_or(|c| c.generation <= generation) {
+            *cache = Some(WorkerRows {
+                generation,
+                backends,
+                targets: targets.clone(),
+            });
+        }
         Ok(targets)
     }
 }
@@ -138,8 +140,8 @@ pub(crate) fn new_uid() -> String {
 }
 
 /// What the scheduler sees besides the pending tasks, read in one transaction: workers
-/// (unconfirmed ones unhealthy), the tasks holding resources on them, each user's spend and
-/// budget limits.
+/// (unconfirmed ones unhealthy), the tasks of the holdings given (all of them, or only those
+/// that changed since the cluster last heard), each user's spend and budget limits.
 pub(crate) struct Scene {
     pub workers: Vec<Worker>,
     pub running: Vec<RunningTask>,
@@ -163,6 +165,23 @@ pub(crate) fn read_scene<'h>(
             w.healthy &= confirmed.contains(&w.id) && !draining.contains(&w.id);
         }
     }
+    let running = running_tasks(ctl, tx, holdings)?;
+    // Budgets (§4.7): spend per user over active non-BATCH work; over a non-zero limit, a user's
+    // INTERACTIVE work is scheduled as BATCH.
+    Ok(Scene {
+        workers,
+        running,
+        spend: iris_store::budgets::spend_by_user(tx)?,
+        limits: crate::accounts::limits(tx)?,
+    })
+}
+
+/// The scheduler's view of `holdings` (those whose job's spec is unreadable left out).
+fn running_tasks<'h>(
+    ctl: &Controller,
+    tx: &impl Read,
+    holdings: impl IntoIterator<Item = &'h snapshot::Holding>,
+) -> Result<Vec<RunningTask>> {
     let mut running = Vec::new();
     for h in holdings {
         let Some(spec) = ctl.spec(tx, &h.job_id)? else {
@@ -179,14 +198,23 @@ pub(crate) fn read_scene<'h>(
             worker: h.worker_id.clone(),
         });
     }
-    // Budgets (§4.7): spend per user over active non-BATCH work; over a non-zero limit, a user's
-    // INTERACTIVE work is scheduled as BATCH.
-    Ok(Scene {
-        workers,
-        running,
-        spend: iris_store::budgets::spend_by_user(tx)?,
-        limits: crate::accounts::limits(tx)?,
-    })
+    Ok(running)
+}
+
+/// Debug builds: the cluster's running set, kept across ticks from the changes alone, is what
+/// every holding read whole says (`every` from [`running_tasks`] over all of them).
+fn check_cluster_against_full_read(cluster: &iris_scheduler::Cluster, every: Vec<RunningTask>) {
+    let key = |t: &RunningTask| (t.task.clone(), t.worker.clone());
+    let mut every = every;
+    every.sort_by_key(key);
+    let mut kept: Vec<RunningTask> = cluster.running().cloned().collect();
+    kept.sort_by_key(key);
+    assert!(
+        kept == every,
+        "the cluster's running set ({} tasks) differs from the holdings ({} tasks)",
+        kept.len(),
+        every.len()
+    );
 }
 
 /// What the scheduler sees, read in one transaction: [`Scene`] and every pending local task
@@ -238,7 +266,15 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     let expired = snapshot::past_scheduling_deadline(&tx, now)?;
     let timed_out = snapshot::past_execution_timeout(&tx, now)?;
     let addresses = iris_store::workers::addresses(&tx)?;
-    let scene = read_scene(ctl, &tx, generation, kept.holdings.iter())?;
+    // The cluster keeps its running set across ticks: it hears only of the tasks whose
+    // holdings changed (everything after a full read).
+    let unsynced = kept.holdings.unsynced();
+    let scene = read_scene(ctl, &tx, generation, kept.holdings.for_cluster(&unsynced))?;
+    let every_running = if cfg!(debug_assertions) {
+        Some(running_tasks(ctl, &tx, kept.holdings.iter())?)
+    } else {
+        None
+    };
     let pending = &mut kept.pending;
     pending.set_bands(ctl, &scene.spend, &scene.limits);
     drop(tx);
@@ -294,8 +330,28 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
     // is re-validated by `transition` when applied below.
     let plan = {
-        let mut cluster = lock(&ctl.cluster);
-        cluster.sync(scene.workers, scene.running);
+        let mut cluster = match ctl.cluster.lock() {
+            Ok(c) => c,
+            Err(poisoned) => {
+                // A tick panicked part-way through the cluster: rebuild its running set from
+                // every holding next tick.
+                ctl.cluster.clear_poison();
+                drop(poisoned);
+                kept.holdings.untold();
+                ctl.wake.notify_one();
+                return Ok(touched);
+            }
+        };
+        match &unsynced {
+            Unsynced::All => cluster.sync(scene.workers, scene.running),
+            Unsynced::Tasks(keys) => {
+                cluster.set_workers(scene.workers);
+                cluster.update(keys.iter().map(String::as_str), scene.running);
+            }
+        }
+        if let Some(every) = every_running {
+            check_cluster_against_full_read(&cluster, every);
+        }
         cluster.plan(tasks, &scene.spend, &Policy::default())
     };
     // The band each placed task goes at (budgets applied).
@@ -309,6 +365,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             .collect()
     };
     let pending_n = tasks.len();
+    kept.holdings.told(&unsynced);
     drop(kept);
     let planned = started.elapsed();
     let (mut waited_for_writer, mut rolled_up, mut committed) = Default::default();

@@ -250,3 +250,95 @@ async fn the_tick_rereads_only_the_task_rows_written_since_the_last_tick() {
     tick(&ctl).expect("fourth tick");
     assert_eq!(kept_pending(&ctl).1.rows, 0);
 }
+
+/// Applies `state` to `task`'s attempt `n` as worker `worker` reports it.
+fn report(ctl: &crate::Controller, worker: &str, task_id: &str, n: usize, state: TaskState) {
+    let uid = task(ctl, task_id).attempts[n].attempt_uid.clone();
+    let mut conn = ctl.db();
+    let tx = conn.begin().expect("tx");
+    let obs = apply::Observation {
+        attempt_uid: uid,
+        state,
+        exit_code: None,
+        error: String::new(),
+        status_message: String::new(),
+        container_id: String::new(),
+    };
+    assert!(apply::apply_observation(&tx, worker, &obs, iris_store::now_ms()).expect("observe"));
+    tx.commit().expect("commit");
+}
+
+/// The scheduler's running set, as (task, worker) pairs.
+fn cluster_running(ctl: &crate::Controller) -> Vec<(String, String)> {
+    crate::lock(&ctl.cluster)
+        .running()
+        .map(|rt| (rt.task.clone(), rt.worker.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_clusters_running_set_follows_the_changed_holdings_alone() {
+    let ctl = controller();
+    register(&ctl, "w1", 2, 16 * GIB);
+    let mut a = request("/alice/a", 2, 1000);
+    a.max_retries_preemption = Some(1);
+    launch(&ctl, a).await;
+    tick(&ctl).expect("placing tick");
+    assert_eq!(
+        crate::lock(&ctl.kept).holdings.unsynced(),
+        crate::pending::Unsynced::Tasks(Vec::new()),
+        "the first tick told the cluster everything"
+    );
+    for t in ["/alice/a/0", "/alice/a/1"] {
+        report(&ctl, "w1", t, 0, TaskState::Running);
+    }
+    // a/0 is preempted: its attempt holds w1 until the worker confirms it stopped, and the task
+    // is placed again on the new worker w2, so for a while it holds two workers.
+    register(&ctl, "w2", 2, 16 * GIB);
+    {
+        let mut conn = ctl.db();
+        let tx = conn.begin().expect("tx");
+        apply::apply_task_event(
+            &tx,
+            "/alice/a/0",
+            &iris_types::TaskEvent::Preempt {
+                by: "/bob/b/0".into(),
+            },
+            None,
+            apply::Finish::AwaitWorker,
+            iris_store::now_ms(),
+            "test",
+        )
+        .expect("preempt");
+        tx.commit().expect("commit");
+    }
+    assert_eq!(task_state(&ctl, "/alice/a/0"), TaskState::Pending);
+    tick(&ctl).expect("tick placing a/0 again");
+    assert_eq!(task(&ctl, "/alice/a/0").worker_id.as_deref(), Some("w2"));
+    // The cluster hears of a tick's own assignments at the next tick. (A task that fits nowhere
+    // keeps the ticks planning.)
+    launch(&ctl, request("/alice/c", 1, 2000)).await;
+    tick(&ctl).expect("tick after the placement");
+    assert_eq!(
+        crate::lock(&ctl.kept).holdings.unsynced(),
+        crate::pending::Unsynced::Tasks(Vec::new())
+    );
+    let both = vec![
+        ("/alice/a/0".to_string(), "w1".to_string()),
+        ("/alice/a/0".to_string(), "w2".to_string()),
+        ("/alice/a/1".to_string(), "w1".to_string()),
+    ];
+    assert_eq!(cluster_running(&ctl), both);
+
+    // The stopped attempt lets go of w1; a/0's new attempt keeps w2. The tick tells the cluster
+    // of a/0 alone (debug builds also check the whole set against a full read every tick).
+    report(&ctl, "w1", "/alice/a/0", 0, TaskState::Killed);
+    assert_eq!(
+        crate::lock(&ctl.kept).holdings.unsynced(),
+        crate::pending::Unsynced::Tasks(Vec::new()),
+        "nothing is noted before the next refresh"
+    );
+    tick(&ctl).expect("tick after the stop");
+    assert_eq!(task_state(&ctl, "/alice/c/0"), TaskState::Pending);
+    assert_eq!(cluster_running(&ctl), both[1..].to_vec());
+}
