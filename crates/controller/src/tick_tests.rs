@@ -90,23 +90,8 @@ async fn a_task_past_its_execution_timeout_fails_its_job() {
 
     // Both started a minute ago; only one has a 1 s execution timeout.
     let started = iris_store::now_ms() - 60_000;
-    for (t, state) in [
-        ("/alice/slow/0", TaskState::Running),
-        ("/alice/open-ended/0", TaskState::Running),
-    ] {
-        let uid = task(&ctl, t).attempts[0].attempt_uid.clone();
-        let mut conn = ctl.db();
-        let tx = conn.begin().expect("tx");
-        let obs = apply::Observation {
-            attempt_uid: uid,
-            state,
-            exit_code: None,
-            error: String::new(),
-            status_message: String::new(),
-            container_id: String::new(),
-        };
-        assert!(apply::apply_observation(&tx, "w1", &obs, started).expect("observe"));
-        tx.commit().expect("commit");
+    for t in ["/alice/slow/0", "/alice/open-ended/0"] {
+        report_at(&ctl, "w1", t, 0, TaskState::Running, started);
     }
 
     let touched = tick(&ctl).expect("timeout tick");
@@ -251,8 +236,20 @@ async fn the_tick_rereads_only_the_task_rows_written_since_the_last_tick() {
     assert_eq!(kept_pending(&ctl).1.rows, 0);
 }
 
-/// Applies `state` to `task`'s attempt `n` as worker `worker` reports it.
+/// Applies `state` to `task`'s attempt `n` as worker `worker` reports it now.
 fn report(ctl: &crate::Controller, worker: &str, task_id: &str, n: usize, state: TaskState) {
+    report_at(ctl, worker, task_id, n, state, iris_store::now_ms());
+}
+
+/// [`report`] as of `at_ms`.
+fn report_at(
+    ctl: &crate::Controller,
+    worker: &str,
+    task_id: &str,
+    n: usize,
+    state: TaskState,
+    at_ms: i64,
+) {
     let uid = task(ctl, task_id).attempts[n].attempt_uid.clone();
     let mut conn = ctl.db();
     let tx = conn.begin().expect("tx");
@@ -264,7 +261,7 @@ fn report(ctl: &crate::Controller, worker: &str, task_id: &str, n: usize, state:
         status_message: String::new(),
         container_id: String::new(),
     };
-    assert!(apply::apply_observation(&tx, worker, &obs, iris_store::now_ms()).expect("observe"));
+    assert!(apply::apply_observation(&tx, worker, &obs, at_ms).expect("observe"));
     tx.commit().expect("commit");
 }
 
