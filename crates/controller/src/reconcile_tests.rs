@@ -431,28 +431,30 @@ fn running_answer(
     (from, obs)
 }
 
+/// `n` one-core workers `w00`, `w01`, … and `n` one-task jobs `/alice/<name>00`, …, every task
+/// placed (one placement per worker and tick at most, so `n` ticks): the tasks' keys.
+async fn one_placed_task_each(ctl: &crate::Controller, n: usize, name: &str) -> Vec<String> {
+    for i in 0..n {
+        register(ctl, &format!("w{i:02}"), 1, 4 * GIB);
+        launch(ctl, request(&format!("/alice/{name}{i:02}"), 1, 1000)).await;
+    }
+    for _ in 0..n {
+        tick(ctl).expect("tick");
+    }
+    (0..n).map(|i| format!("/alice/{name}{i:02}/0")).collect()
+}
+
 /// The observation writer commits many workers' answers together: each answer's verdict comes
 /// back to its own sender, and one worker reporting an attempt that is not its own changes
 /// nothing while the others in the same batch apply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_attempts() {
     let ctl = controller();
-    let n = 24;
-    for i in 0..n {
-        register(&ctl, &format!("w{i:02}"), 1, 4 * GIB);
-    }
-    for i in 0..n {
-        launch(&ctl, request(&format!("/alice/many{i:02}"), 1, 1000)).await;
-    }
-    // One placement per worker and tick at most: tick until every task is placed.
-    for _ in 0..n {
-        tick(&ctl).expect("tick");
-    }
+    let tasks = one_placed_task_each(&ctl, 24, "many").await;
     let mut calls = Vec::new();
-    for i in 0..n {
-        let t = format!("/alice/many{i:02}/0");
+    for (i, t) in tasks.iter().enumerate() {
         // Every fourth answer comes from a worker that does not hold the attempt.
-        let (from, obs) = running_answer(&ctl, &t, i % 4 == 0, ["w00", "w01"]);
+        let (from, obs) = running_answer(&ctl, t, i % 4 == 0, ["w00", "w01"]);
         let c = ctl.ctl.clone();
         calls.push(tokio::spawn(async move {
             (i, c.observe(&from, vec![obs]).await == Some(true))
@@ -460,13 +462,13 @@ async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_att
     }
     for call in calls {
         let (i, changed) = call.await.expect("observe task");
-        let t = format!("/alice/many{i:02}/0");
+        let t = &tasks[i];
         if i % 4 == 0 {
             assert!(!changed, "{t}: another worker's answer is fenced");
-            assert_eq!(task_state(&ctl, &t), TaskState::Assigned, "{t}");
+            assert_eq!(task_state(&ctl, t), TaskState::Assigned, "{t}");
         } else {
             assert!(changed, "{t}");
-            assert_eq!(task_state(&ctl, &t), TaskState::Running, "{t}");
+            assert_eq!(task_state(&ctl, t), TaskState::Running, "{t}");
         }
     }
 }
@@ -478,18 +480,11 @@ async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_att
 async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdict() {
     let ctl = controller();
     let n = 6;
-    for i in 0..n {
-        register(&ctl, &format!("w{i}"), 1, 4 * GIB);
-        launch(&ctl, request(&format!("/alice/split{i}"), 1, 1000)).await;
-    }
-    for _ in 0..n {
-        tick(&ctl).expect("tick");
-    }
+    let tasks = one_placed_task_each(&ctl, n, "split").await;
     let mut answers: Vec<(String, Vec<apply::Observation>)> = Vec::new();
-    for i in 0..n {
-        let t = format!("/alice/split{i}/0");
+    for (i, t) in tasks.iter().enumerate() {
         // Every third answer comes from a worker that does not hold the attempt.
-        let (from, obs) = running_answer(&ctl, &t, i % 3 == 0, ["w0", "w1"]);
+        let (from, obs) = running_answer(&ctl, t, i % 3 == 0, ["w00", "w01"]);
         answers.push((from, vec![obs]));
     }
     let reports: Vec<(&str, &[apply::Observation])> = answers
@@ -506,14 +501,13 @@ async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdic
     );
     let expected: Vec<Option<bool>> = (0..n).map(|i| Some(i % 3 != 0)).collect();
     assert_eq!(verdicts, expected);
-    for i in 0..n {
-        let t = format!("/alice/split{i}/0");
+    for (i, t) in tasks.iter().enumerate() {
         let want = if i % 3 == 0 {
             TaskState::Assigned
         } else {
             TaskState::Running
         };
-        assert_eq!(task_state(&ctl, &t), want, "{t}");
+        assert_eq!(task_state(&ctl, t), want, "{t}");
     }
 }
 
@@ -525,16 +519,11 @@ async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdic
 async fn answers_share_one_transaction_until_another_thread_waits_for_the_writer() {
     let ctl = controller();
     let n = 8;
-    for i in 0..n {
-        register(&ctl, &format!("w{i}"), 1, 4 * GIB);
-        launch(&ctl, request(&format!("/alice/tx{i}"), 1, 1000)).await;
-    }
-    for _ in 0..n {
-        tick(&ctl).expect("tick");
-    }
-    let answers: Vec<(String, Vec<apply::Observation>)> = (0..n)
-        .map(|i| {
-            let (from, obs) = running_answer(&ctl, &format!("/alice/tx{i}/0"), false, ["w0", "w1"]);
+    let tasks = one_placed_task_each(&ctl, n, "tx").await;
+    let answers: Vec<(String, Vec<apply::Observation>)> = tasks
+        .iter()
+        .map(|t| {
+            let (from, obs) = running_answer(&ctl, t, false, ["w00", "w01"]);
             (from, vec![obs])
         })
         .collect();
@@ -563,8 +552,7 @@ async fn answers_share_one_transaction_until_another_thread_waits_for_the_writer
     ctl.pretend_writer_wanted(false);
     assert_eq!(verdicts, vec![Some(true); n / 2]);
     assert_eq!(transactions(&ctl), 1 + n as u64 / 2);
-    for i in 0..n {
-        let t = format!("/alice/tx{i}/0");
-        assert_eq!(task_state(&ctl, &t), TaskState::Running, "{t}");
+    for t in &tasks {
+        assert_eq!(task_state(&ctl, t), TaskState::Running, "{t}");
     }
 }
