@@ -159,8 +159,8 @@ impl HoldingSet {
         self.by_row.values()
     }
 
-    /// What the cluster has not been told yet (sorted, without repeats), for
-    /// [`HoldingSet::told`] once it has been.
+    /// What the cluster has not been told yet (sorted, without repeats). Call
+    /// [`HoldingSet::told`] once it has been, under the same lock.
     pub(crate) fn unsynced(&mut self) -> Unsynced {
         if let Unsynced::Tasks(keys) = &mut self.unsynced {
             keys.sort_unstable();
@@ -185,18 +185,11 @@ impl HoldingSet {
         }
     }
 
-    /// The cluster now knows `unsynced` (as [`HoldingSet::unsynced`] returned it, under the same
-    /// lock, so nothing changed in between). Telling the cluster the same again is harmless: it
-    /// drops each named task and takes its current holdings.
-    pub(crate) fn told(&mut self, unsynced: &Unsynced) {
-        match unsynced {
-            Unsynced::All => self.unsynced = Unsynced::Tasks(Vec::new()),
-            Unsynced::Tasks(told) => {
-                if let Unsynced::Tasks(keys) = &mut self.unsynced {
-                    keys.retain(|k| told.binary_search(k).is_err());
-                }
-            }
-        }
+    /// The cluster now knows what [`HoldingSet::unsynced`] returned (under the same lock, so
+    /// nothing changed in between). If a tick stops before this, the next tells the cluster the
+    /// same again, which is harmless: it drops each named task and takes its current holdings.
+    pub(crate) fn told(&mut self) {
+        self.unsynced = Unsynced::Tasks(Vec::new());
     }
 
     /// The cluster's running set can no longer be trusted (it panicked part-way): the next

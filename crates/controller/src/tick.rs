@@ -365,7 +365,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
             .collect()
     };
     let pending_n = tasks.len();
-    kept.holdings.told(&unsynced);
+    kept.holdings.told();
     drop(kept);
     let planned = started.elapsed();
     let (mut waited_for_writer, mut rolled_up, mut committed) = Default::default();
