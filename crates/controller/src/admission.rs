@@ -576,7 +576,7 @@ impl Controller {
                     sf::HANDED_OFF,
                     &f.handoff_nonce,
                 )?;
-                sf::append_changelog(tx, name.as_str(), &f.requester_id, None, false, t)?;
+                sf::append_changelog(tx, name.as_str(), &f.requester_id, None, false)?;
             }
         }
         let spec = Arc::new(JobSpec::from_request(req, band, user.clone(), name.depth()));

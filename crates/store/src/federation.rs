@@ -428,9 +428,8 @@ pub fn append_changelog(
     requester: &str,
     task_index: Option<i64>,
     tombstone: bool,
-    now: i64,
 ) -> Result<()> {
-    changelog_row(tx.raw(), job_id, requester, task_index, tombstone, now)
+    changelog_row(tx.raw(), job_id, requester, task_index, tombstone)
 }
 
 fn changelog_row(
@@ -439,19 +438,12 @@ fn changelog_row(
     requester: &str,
     task_index: Option<i64>,
     tombstone: bool,
-    now: i64,
 ) -> Result<()> {
     conn.prepare_cached(
-        "INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone, written_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+         VALUES (?1, ?2, ?3, ?4)",
     )?
-    .execute(params![
-        job_id,
-        requester,
-        task_index,
-        tombstone as i64,
-        now
-    ])?;
+    .execute(params![job_id, requester, task_index, tombstone as i64])?;
     Ok(())
 }
 
@@ -465,7 +457,6 @@ pub(crate) fn log_received_child(
     job_id: &str,
     root_job_id: &str,
     depth: i64,
-    now: i64,
 ) -> Result<()> {
     if depth <= 1 {
         return Ok(());
@@ -475,7 +466,7 @@ pub(crate) fn log_received_child(
         .query_row(params![root_job_id, RECEIVED], |r| r.get(0))
         .optional()?;
     match hub {
-        Some(hub) => changelog_row(conn, job_id, &hub, None, false, now),
+        Some(hub) => changelog_row(conn, job_id, &hub, None, false),
         None => Ok(()),
     }
 }

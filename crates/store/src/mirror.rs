@@ -177,13 +177,7 @@ pub fn apply_mirror(
             job.job_id.to_lowercase(),
             peer
         ])?;
-        crate::federation::log_received_child(
-            tx,
-            &job.job_id,
-            &root_of(&job.job_id),
-            depth + 1,
-            now,
-        )?;
+        crate::federation::log_received_child(tx, &job.job_id, &root_of(&job.job_id), depth + 1)?;
         tx.prepare_cached(
             "INSERT INTO job_config(job_id, priority_band, request_blob) VALUES (?1, ?2, x'')",
         )?

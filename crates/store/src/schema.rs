@@ -429,4 +429,53 @@ DROP INDEX idx_tasks_worker;
 CREATE INDEX idx_tasks_worker ON tasks(current_worker_id) WHERE current_worker_id IS NOT NULL;
 "#,
     ),
+    (
+        "0011_no_statement_journal_for_task_writes",
+        r#"
+-- SQLite runs a write under a statement journal (each page it touches copied first, and the copy
+-- released at its end) when the write may fire a trigger and may also stop halfway. Any call of
+-- a function in the statement or in one of its triggers counts as "may stop halfway", and the
+-- change-log triggers called `unixepoch()` for `written_ms`, a column nothing ever read: so every
+-- update of a job, task or attempt paid for the journal even on a cluster no hub uses (a tenth
+-- of the writer's instructions per task transition; BENCHMARKS.md, C1M). The column goes, and the
+-- triggers are the same without it.
+DROP TRIGGER federation_log_job_update;
+DROP TRIGGER federation_log_job_delete;
+DROP TRIGGER federation_log_task_update;
+DROP TRIGGER federation_log_attempt_change;
+ALTER TABLE federation_changelog DROP COLUMN written_ms;
+CREATE TRIGGER federation_log_job_update AFTER UPDATE ON jobs
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT NEW.job_id, f.peer_id, NULL, 0
+    FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1;
+END;
+CREATE TRIGGER federation_log_job_delete BEFORE DELETE ON jobs
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM federated_jobs f WHERE f.job_id = OLD.root_job_id AND f.direction = 1)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT OLD.job_id, f.peer_id, NULL, 1
+    FROM federated_jobs f WHERE f.job_id = OLD.root_job_id AND f.direction = 1;
+END;
+CREATE TRIGGER federation_log_task_update AFTER UPDATE ON tasks
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM jobs j JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE j.job_id = NEW.job_id)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT NEW.job_id, f.peer_id, NEW.task_index, 0
+    FROM jobs j JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE j.job_id = NEW.job_id;
+END;
+CREATE TRIGGER federation_log_attempt_change AFTER UPDATE ON task_attempts
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE t.task_id = NEW.task_id)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT t.job_id, f.peer_id, t.task_index, 0
+    FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE t.task_id = NEW.task_id;
+END;
+"#,
+    ),
 ];

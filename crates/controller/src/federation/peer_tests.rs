@@ -190,7 +190,7 @@ fn receive(ctl: &Controller, job: &str) {
     let tx = conn.begin().expect("tx");
     sf::insert_handle(&tx, job, sf::RECEIVED, "hub", "alice", sf::HANDED_OFF, "n")
         .expect("received handle");
-    sf::append_changelog(&tx, job, "hub", None, false, iris_store::now_ms()).expect("log");
+    sf::append_changelog(&tx, job, "hub", None, false).expect("log");
     tx.commit().expect("commit");
 }
 

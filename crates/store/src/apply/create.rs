@@ -107,7 +107,7 @@ pub fn insert_job(tx: &Tx<'_>, j: &NewJob, now: i64) -> Result<i64> {
         j.job_id.to_lowercase(),
         cluster,
     ])?;
-    crate::federation::log_received_child(tx, &j.job_id, &j.root_job_id, i64::from(j.depth), now)?;
+    crate::federation::log_received_child(tx, &j.job_id, &j.root_job_id, i64::from(j.depth))?;
     let c = &j.cfg;
     tx.prepare_cached(
         "INSERT INTO job_config(job_id, res_cpu_millicores, res_memory_bytes, res_disk_bytes, res_device_json,

@@ -14,6 +14,13 @@ use std::sync::LazyLock;
 
 const CONTROLLER: &str = "iris/controller";
 
+/// A job's new state (`OR FAIL`: see "No statement journal" in `apply`).
+pub(crate) const SAVE_JOB_STATE: &str = "UPDATE OR FAIL jobs SET state = ?2,
+        error = CASE ?3 WHEN 0 THEN error WHEN 1 THEN NULL ELSE ?4 END,
+        started_at_ms = CASE WHEN ?5 THEN COALESCE(started_at_ms, ?7) ELSE started_at_ms END,
+        finished_at_ms = CASE WHEN ?6 THEN COALESCE(finished_at_ms, ?7) ELSE finished_at_ms END
+     WHERE job_id = ?1";
+
 /// Applies one job event (no recomputation, no children). Returns the new state, or `None` when
 /// the job does not exist or the event does not apply.
 pub(crate) fn apply_job_raw(
@@ -41,14 +48,7 @@ pub(crate) fn apply_job_raw(
         ErrorUpdate::Clear => (1, None),
         ErrorUpdate::Set(e) => (2, Some(e.as_str())),
     };
-    tx.prepare_cached(
-        "UPDATE jobs SET state = ?2,
-            error = CASE ?3 WHEN 0 THEN error WHEN 1 THEN NULL ELSE ?4 END,
-            started_at_ms = CASE WHEN ?5 THEN COALESCE(started_at_ms, ?7) ELSE started_at_ms END,
-            finished_at_ms = CASE WHEN ?6 THEN COALESCE(finished_at_ms, ?7) ELSE finished_at_ms END
-         WHERE job_id = ?1",
-    )?
-    .execute(params![
+    tx.prepare_cached(SAVE_JOB_STATE)?.execute(params![
         job_id,
         step.state.code(),
         error_mode,

@@ -5,6 +5,20 @@
 //!
 //! An event that does not apply in the current state is a value (dropped); an *illegal* one is a
 //! bug in the caller: it is logged and counted ([`illegal_transitions`]).
+//!
+//! # No statement journal
+//!
+//! SQLite runs a write under a statement journal (every page it touches copied first, so that
+//! the write alone can be undone) when the write may fire a trigger *and* may stop halfway: a
+//! constraint whose conflict rule is ABORT (the default), a foreign key it checks, or a call of
+//! a function in it or in any trigger it may fire. The change-log triggers on `jobs`, `tasks` and
+//! `task_attempts` fire on every transition (their `WHEN` is evaluated inside them), so the
+//! transitions' updates of those rows ([`task::SAVE_TASK_STATE`], [`task::SAVE_ATTEMPT_STATE`],
+//! [`job::SAVE_JOB_STATE`]) say `OR FAIL`, which ends a statement at a failed constraint without
+//! undoing what it already wrote (nothing relies on that: every error here ends the caller's
+//! transaction or savepoint), and the triggers call no function (migration 0011). Together −6%
+//! of the writer's instructions per task (BENCHMARKS.md, C1M); test
+//! `a_transition_writes_no_statement_journal`.
 
 mod create;
 mod job;

@@ -109,6 +109,22 @@ fn step_of(task_id: &str, ctx: &TaskCtx, event: &TaskEvent) -> Option<Step> {
     }
 }
 
+/// A task's new state (`OR FAIL`: see "No statement journal" in `apply`).
+pub(crate) const SAVE_TASK_STATE: &str = "UPDATE OR FAIL tasks SET state = ?2,
+        error = COALESCE(?3, error),
+        exit_code = COALESCE(?4, exit_code),
+        finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END
+     WHERE task_id = ?1";
+
+/// An attempt's new state (`OR FAIL`: see "No statement journal" in `apply`).
+pub(crate) const SAVE_ATTEMPT_STATE: &str = "UPDATE OR FAIL task_attempts SET state = ?3,
+        started_at_ms = CASE WHEN ?4 AND started_at_ms IS NULL THEN ?6 ELSE started_at_ms END,
+        finished_at_ms = CASE WHEN ?5 AND finished_at_ms IS NULL THEN ?6 ELSE finished_at_ms END,
+        error = COALESCE(?7, error),
+        exit_code = COALESCE(?8, exit_code),
+        terminal_reason = CASE WHEN ?9 THEN ?10 ELSE terminal_reason END
+     WHERE task_id = ?1 AND attempt_id = ?2";
+
 /// Applies one event to a task (no job recomputation); returns the step, or `None` if rejected.
 pub(crate) fn apply_raw(
     tx: &Connection,
@@ -130,14 +146,7 @@ pub(crate) fn apply_raw(
     // The worker columns are written only when the task goes back to PENDING: `current_worker_id`
     // is a foreign key, and a statement that writes one (even to itself) checks it and runs
     // under a statement journal (−4% of the writer's instructions per task; BENCHMARKS.md).
-    tx.prepare_cached(
-        "UPDATE tasks SET state = ?2,
-            error = COALESCE(?3, error),
-            exit_code = COALESCE(?4, exit_code),
-            finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END
-         WHERE task_id = ?1",
-    )?
-    .execute(params![
+    tx.prepare_cached(SAVE_TASK_STATE)?.execute(params![
         task_id,
         step.task.code(),
         step.error,
@@ -155,16 +164,7 @@ pub(crate) fn apply_raw(
     if let Some(att_state) = step.attempt {
         let att_terminal = att_state.is_terminal();
         let stamp_finish = att_terminal && (finish == Finish::Now || row.worker_id.is_none());
-        tx.prepare_cached(
-            "UPDATE task_attempts SET state = ?3,
-                started_at_ms = CASE WHEN ?4 AND started_at_ms IS NULL THEN ?6 ELSE started_at_ms END,
-                finished_at_ms = CASE WHEN ?5 AND finished_at_ms IS NULL THEN ?6 ELSE finished_at_ms END,
-                error = COALESCE(?7, error),
-                exit_code = COALESCE(?8, exit_code),
-                terminal_reason = CASE WHEN ?9 THEN ?10 ELSE terminal_reason END
-             WHERE task_id = ?1 AND attempt_id = ?2",
-        )?
-        .execute(params![
+        tx.prepare_cached(SAVE_ATTEMPT_STATE)?.execute(params![
             task_id,
             row.attempt_id,
             att_state.code(),

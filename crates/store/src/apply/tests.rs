@@ -1510,3 +1510,84 @@ fn attempt_tells_a_refusal_from_a_failure_after_writing() {
     let tx = db.begin().expect("tx");
     assert!(jobs::job_state_of(&tx, "/alice/a").expect("read").is_none());
 }
+
+/// "No statement journal" (`apply`): the transitions' updates cannot stop halfway on a
+/// constraint and call no function, and no trigger on the rows they write calls one.
+#[test]
+fn a_transition_writes_no_statement_journal() {
+    let mut db = db();
+    let tx = db.begin().expect("begin");
+    // SQLite's conflict rules, as EXPLAIN shows them in a constraint check's P2.
+    const OE_ABORT: i64 = 2;
+    for stmt in [
+        task::SAVE_TASK_STATE,
+        task::SAVE_ATTEMPT_STATE,
+        job::SAVE_JOB_STATE,
+    ] {
+        let mut explain = tx
+            .raw()
+            .prepare(&format!("EXPLAIN {stmt}"))
+            .expect("explain");
+        let unbound = std::iter::repeat_n(rusqlite::types::Null, explain.parameter_count());
+        let program: Vec<(String, i64)> = explain
+            .query_map(rusqlite::params_from_iter(unbound), |r| {
+                Ok((r.get::<_, String>(1)?, r.get::<_, i64>(3)?))
+            })
+            .expect("program")
+            .collect::<rusqlite::Result<_>>()
+            .expect("opcodes");
+        assert!(
+            program.iter().any(|(op, _)| op == "Program"),
+            "a trigger fires on {stmt}: otherwise this test checks nothing"
+        );
+        for (op, p2) in &program {
+            assert!(
+                !(op.starts_with("Halt") && *p2 == OE_ABORT),
+                "{stmt} may abort halfway ({op}): it must say OR FAIL"
+            );
+            assert!(!op.contains("Func"), "{stmt} calls a function ({op})");
+        }
+    }
+    let triggers: Vec<(String, String, String)> = tx
+        .raw()
+        .prepare("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'")
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("query")
+        .collect::<rusqlite::Result<_>>()
+        .expect("rows");
+    // Words that may stand before a parenthesis without calling a function.
+    const NOT_CALLS: [&str; 16] = [
+        "EXISTS", "IN", "INTO", "VALUES", "AND", "OR", "NOT", "WHEN", "THEN", "ELSE", "WHERE",
+        "ON", "SELECT", "IS", "BEGIN", "CASE",
+    ];
+    let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut checked = 0;
+    for (name, table, sql) in triggers {
+        if !["jobs", "tasks", "task_attempts"].contains(&table.as_str()) {
+            continue;
+        }
+        checked += 1;
+        let sql = sql.to_uppercase();
+        for (at, _) in sql.match_indices('(') {
+            // The word right before the parenthesis (spaces between allowed), and the one before
+            // that: `INTO t(...)` names columns.
+            let before = sql[..at].trim_end();
+            let word_start = before.rfind(|c: char| !is_word(c)).map_or(0, |i| i + 1);
+            let word = &before[word_start..];
+            if word.is_empty() || NOT_CALLS.contains(&word) {
+                continue;
+            }
+            let previous = before[..word_start].trim_end();
+            let previous = &previous[previous.rfind(|c: char| !is_word(c)).map_or(0, |i| i + 1)..];
+            assert!(
+                previous == "INTO",
+                "trigger {name} on {table} calls {word}(): a function call in a trigger puts every write to {table} under a statement journal"
+            );
+        }
+    }
+    assert!(
+        checked >= 4,
+        "the change-log and count triggers are there to check"
+    );
+}
