@@ -593,14 +593,18 @@ impl Controller {
         &self,
         conn: &impl iris_store::Read,
         generation: u64,
-    ) -> Result<Vec<iris_scheduler::Worker>> {
-        let mut workers = self.placement_targets(conn, generation)?;
+    ) -> Result<Arc<Vec<iris_scheduler::Worker>>> {
+        let workers = self.placement_targets(conn, generation)?;
+        if self.cfg.groups.is_empty() {
+            return Ok(workers);
+        }
+        let mut workers = Vec::clone(&*workers);
         for g in &self.cfg.groups {
             for i in 0..g.max_workers.max(1) {
                 workers.push(g.worker(format!("{}#{i}", g.name)));
             }
         }
-        Ok(workers)
+        Ok(Arc::new(workers))
     }
 
     fn check_feasible(

@@ -65,6 +65,36 @@ pub enum TaskEvent {
     KickFail,
 }
 
+impl TaskEvent {
+    /// Whether the transition of this event may read the task's retry counts
+    /// ([`TaskCtx::failure_count`], [`TaskCtx::preemption_count`]): only a failure or a loss of
+    /// the attempt decides between a retry and the end. For any other event a store may leave
+    /// them at zero instead of counting the task's attempts (test
+    /// `only_failures_and_losses_read_the_retry_counts`).
+    pub fn reads_retry_counts(&self) -> bool {
+        match self {
+            TaskEvent::WorkerLost | TaskEvent::Preempt { .. } => true,
+            TaskEvent::Report { state, .. } => matches!(
+                state,
+                TaskState::Failed
+                    | TaskState::WorkerFailed
+                    | TaskState::Killed
+                    | TaskState::Preempted
+                    | TaskState::Missing
+            ),
+            TaskEvent::Assign
+            | TaskEvent::ExecutionTimeout
+            | TaskEvent::SchedulingTimeout
+            | TaskEvent::Kill { .. }
+            | TaskEvent::JobFinalized { .. }
+            | TaskEvent::Complete
+            | TaskEvent::SiblingFailed { .. }
+            | TaskEvent::SiblingRequeued { .. }
+            | TaskEvent::KickFail => false,
+        }
+    }
+}
+
 /// Which way a gang goes after a member's failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GangCascade {

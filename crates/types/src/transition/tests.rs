@@ -357,3 +357,68 @@ fn the_first_error_words_the_job_verdict_but_never_picks_it() {
         }
     }
 }
+
+/// `TaskEvent::reads_retry_counts`: for every event it says no to, in every state, with or
+/// without an attempt (started or not), in or out of a gang, and whatever the budgets, the
+/// step is the same with the counts at zero as with any counts.
+#[test]
+fn only_failures_and_losses_read_the_retry_counts() {
+    let mut events = vec![
+        TaskEvent::Assign,
+        TaskEvent::WorkerLost,
+        TaskEvent::Preempt { by: "/x".into() },
+        TaskEvent::ExecutionTimeout,
+        TaskEvent::SchedulingTimeout,
+        TaskEvent::Kill { reason: "r".into() },
+        TaskEvent::JobFinalized { reason: "r".into() },
+        TaskEvent::Complete,
+        TaskEvent::SiblingFailed {
+            sibling: "s".into(),
+        },
+        TaskEvent::SiblingRequeued {
+            sibling: "s".into(),
+        },
+        TaskEvent::KickFail,
+    ];
+    events.extend(T::ALL.iter().map(|s| report(*s)));
+    let attempts: Vec<Option<(T, bool)>> = std::iter::once(None)
+        .chain(
+            T::ALL
+                .iter()
+                .flat_map(|s| [Some((*s, false)), Some((*s, true))]),
+        )
+        .collect();
+    let mut read = 0;
+    for event in &events {
+        if event.reads_retry_counts() {
+            read += 1;
+            continue;
+        }
+        for state in T::ALL {
+            for attempt in &attempts {
+                for coscheduled in [false, true] {
+                    for (max_f, max_p) in [(0, 0), (1, 1), (3, 5)] {
+                        let mut zero = task(*state, *attempt);
+                        zero.coscheduled = coscheduled;
+                        zero.max_retries_failure = max_f;
+                        zero.max_retries_preemption = max_p;
+                        for (f, p) in [(1, 0), (0, 1), (2, 4), (9, 9)] {
+                            let counted = TaskCtx {
+                                failure_count: f,
+                                preemption_count: p,
+                                ..zero
+                            };
+                            assert_eq!(
+                                transition(&zero, event),
+                                transition(&counted, event),
+                                "{event:?} from {state} with {f} failures and {p} preemptions"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The events that do read them: a failure and the losses (reported or not).
+    assert_eq!(read, 7, "WorkerLost, Preempt and five reported ends");
+}
