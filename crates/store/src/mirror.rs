@@ -238,11 +238,14 @@ pub fn apply_mirror(
             peer
         ])?;
         for a in &t.attempts {
+            // A new attempt goes in UNSPECIFIED and then takes the peer's state by update: the
+            // job's failed-attempt count is kept by the update trigger alone, as no attempt is
+            // ever inserted FAILED (migration 0011 dropped the insert trigger).
             tx.prepare_cached(
                 "INSERT INTO task_attempts(task_id, attempt_id, worker_id, state, created_at_ms, started_at_ms,
                     finished_at_ms, exit_code, error, attempt_uid, backend_id, node_name, terminal_reason)
                  VALUES (?1, ?2, NULL, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'peer', ?10, ?11)
-                 ON CONFLICT(task_id, attempt_id) DO UPDATE SET state = excluded.state,
+                 ON CONFLICT(task_id, attempt_id) DO UPDATE SET
                     started_at_ms = excluded.started_at_ms, finished_at_ms = excluded.finished_at_ms,
                     exit_code = excluded.exit_code, error = excluded.error,
                     node_name = excluded.node_name, terminal_reason = excluded.terminal_reason",
@@ -250,7 +253,7 @@ pub fn apply_mirror(
             .execute(params![
                 task_id,
                 a.attempt_id,
-                a.state,
+                TaskState::Unspecified.code(),
                 a.started_at_ms.unwrap_or(now),
                 a.started_at_ms,
                 a.finished_at_ms,
@@ -260,7 +263,115 @@ pub fn apply_mirror(
                 a.worker_id,
                 a.terminal_reason
             ])?;
+            tx.prepare_cached(
+                "UPDATE task_attempts SET state = ?3
+                 WHERE task_id = ?1 AND attempt_id = ?2 AND state IS NOT ?3",
+            )?
+            .execute(params![task_id, a.attempt_id, a.state])?;
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::{insert_job, NewJob};
+    use crate::Db;
+
+    fn failed_attempts(db: &mut Db, job: &str) -> i64 {
+        let tx = db.begin().expect("begin");
+        tx.raw()
+            .query_row(
+                "SELECT failed_attempts FROM jobs WHERE job_id = ?1",
+                [job],
+                |r| r.get(0),
+            )
+            .expect("count")
+    }
+
+    /// A job's failed-attempt count follows the peer's attempts though no attempt is inserted
+    /// FAILED (the insert goes in UNSPECIFIED, the update trigger counts): once per FAILED
+    /// attempt, not again when the same report comes back, and down when a peer's attempt leaves
+    /// FAILED.
+    #[test]
+    fn a_mirrored_failed_attempt_counts_once() {
+        let mut db = Db::open_in_memory().expect("db");
+        let job = "/alice/sent";
+        {
+            let tx = db.begin().expect("begin");
+            let new = NewJob {
+                job_id: job.into(),
+                user_id: "alice".into(),
+                submitting_user: "alice".into(),
+                root_job_id: job.into(),
+                depth: 1,
+                num_tasks: 1,
+                ..Default::default()
+            };
+            insert_job(&tx, &new, 1_000).expect("insert");
+            tx.commit().expect("commit");
+        }
+        let attempt = |id: i64, state: TaskState| MirrorAttempt {
+            attempt_id: id,
+            state: state.code(),
+            attempt_uid: format!("uid-{id}"),
+            worker_id: "peer-w".into(),
+            ..Default::default()
+        };
+        let report = |attempts: Vec<MirrorAttempt>| MirrorTask {
+            task_index: 0,
+            state: TaskState::Pending.code(),
+            current_attempt_id: attempts.len() as i64 - 1,
+            attempts,
+            ..Default::default()
+        };
+        let mirror = |db: &mut Db, task: MirrorTask| {
+            let tx = db.begin().expect("begin");
+            let j = MirrorJob {
+                job_id: job.into(),
+                state: JobState::Running.code(),
+                num_tasks: 1,
+                ..Default::default()
+            };
+            apply_mirror(&tx, "peer", &j, &[task], 2_000).expect("mirror");
+            tx.commit().expect("commit");
+        };
+        mirror(&mut db, report(vec![attempt(0, TaskState::Failed)]));
+        assert_eq!(
+            failed_attempts(&mut db, job),
+            1,
+            "a new FAILED attempt counts"
+        );
+        mirror(&mut db, report(vec![attempt(0, TaskState::Failed)]));
+        assert_eq!(
+            failed_attempts(&mut db, job),
+            1,
+            "the same report again does not"
+        );
+        mirror(
+            &mut db,
+            report(vec![
+                attempt(0, TaskState::Failed),
+                attempt(1, TaskState::Failed),
+            ]),
+        );
+        assert_eq!(
+            failed_attempts(&mut db, job),
+            2,
+            "a second FAILED attempt counts"
+        );
+        mirror(
+            &mut db,
+            report(vec![
+                attempt(0, TaskState::Failed),
+                attempt(1, TaskState::Succeeded),
+            ]),
+        );
+        assert_eq!(
+            failed_attempts(&mut db, job),
+            1,
+            "one that left FAILED no longer"
+        );
+    }
 }

@@ -439,6 +439,11 @@ CREATE INDEX idx_tasks_worker ON tasks(current_worker_id) WHERE current_worker_i
 -- update of a job, task or attempt paid for the journal even on a cluster no hub uses (a tenth
 -- of the writer's instructions per task transition; BENCHMARKS.md, C1M). The column goes, and the
 -- triggers are the same without it.
+-- An insert that may fire a trigger and checks a foreign key is journalled too: every attempt the
+-- tick creates was, for the failed-attempt count's insert trigger, which only an attempt inserted
+-- FAILED moves. None is now: the tick inserts ASSIGNED, and the federation mirror inserts
+-- UNSPECIFIED and then updates to the peer's state, which the update trigger counts.
+DROP TRIGGER job_failed_attempts_insert;
 DROP TRIGGER federation_log_job_update;
 DROP TRIGGER federation_log_job_delete;
 DROP TRIGGER federation_log_task_update;
