@@ -11,6 +11,11 @@ set -euo pipefail
 OLD="$(realpath "$1")"
 OUT="$(mkdir -p "$2" && cd "$2" && pwd)"
 W="$(mktemp -d "${TMPDIR:-/tmp}/iris-fixture.XXXXXX")"
+# Run as plain `iris` from PATH: a job records the command line that submitted it, and the
+# fixture must not carry this machine's paths.
+mkdir -p "$W/bin"
+ln -s "$OLD" "$W/bin/iris"
+export PATH="$W/bin:$PATH"
 PID=""
 cleanup() {
     if [[ -n "$PID" ]]; then kill -INT "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; fi
@@ -19,16 +24,16 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$W/ws" "$OUT"
 cd "$W/ws"
-"$OLD" cluster start --local --state-dir "$W/state" >"$W/cluster.log" 2>&1 &
+iris cluster start --local --state-dir "$W/state" >"$W/cluster.log" 2>&1 &
 PID=$!
 for _ in $(seq 300); do
     [[ -s "$W/state/controller.url" ]] && break
     sleep 0.1
 done
 URL="$(tr -d '[:space:]' <"$W/state/controller.url")"
-"$OLD" --controller-url "$URL" job run --job-name upgrade-ok --user fixture -- echo from-the-old-release
-"$OLD" --controller-url "$URL" job run --job-name upgrade-fail --user fixture -- sh -c 'exit 3' || true
-"$OLD" --controller-url "$URL" cluster controller checkpoint
+iris --controller-url "$URL" job run --job-name upgrade-ok --user fixture -- echo from-the-old-release
+iris --controller-url "$URL" job run --job-name upgrade-fail --user fixture -- sh -c 'exit 3' || true
+iris --controller-url "$URL" cluster controller checkpoint
 kill -INT "$PID"
 wait "$PID" || true
 PID=""

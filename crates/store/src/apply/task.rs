@@ -25,10 +25,9 @@ struct TaskRow {
     worker_id: Option<String>,
 }
 
-/// A task with what its transition needs, in one statement: its row, its job's gang flag, its
-/// current attempt, and (with `RETRY_COUNTS`) the counts of its failed and preempted attempts (the
-/// retry budgets). (Three statements before: the same instructions, as its cost is the index
-/// lookups.)
+/// A task with what its transition needs, in one statement: its row, its job's gang flag and its
+/// current attempt; the retry counts are left at zero (see [`LOAD_TASK_WITH_RETRY_COUNTS`]).
+/// (Three statements before: the same instructions, as its cost is the index lookups.)
 static LOAD_TASK: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT t.job_id, t.state, t.current_attempt_id, t.max_retries_failure,
@@ -38,9 +37,10 @@ static LOAD_TASK: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// [`LOAD_TASK`] with the retry counts: two more lookups in `task_attempts`, which only a
-/// failure or a loss reads (`TaskEvent::reads_retry_counts`): a quarter of the instructions
-/// of every RUNNING and SUCCEEDED report before.
+/// [`LOAD_TASK`] with the counts of the task's failed and charged attempts (the retry budgets):
+/// two more lookups in `task_attempts`, which only a failure or a loss reads
+/// (`TaskEvent::reads_retry_counts`); done for every report before, about a fifth of the
+/// instructions of each RUNNING and SUCCEEDED one.
 static LOAD_TASK_WITH_RETRY_COUNTS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT t.job_id, t.state, t.current_attempt_id, t.max_retries_failure,
