@@ -446,6 +446,18 @@ pub mod testing {
     }
 }
 
+/// Every trigger of the schema on `conn`: (name, table, SQL). For the tests that hold the
+/// triggers to what the hot writes can afford.
+#[cfg(test)]
+pub(crate) fn schema_triggers(conn: &Connection) -> Vec<(String, String, String)> {
+    conn.prepare("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'")
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("query")
+        .collect::<rusqlite::Result<_>>()
+        .expect("rows")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,15 +561,7 @@ mod tests {
     #[test]
     fn the_tables_submissions_and_assignments_insert_into_have_no_insert_trigger() {
         let c = Db::open_in_memory().expect("open");
-        let mut st = c
-            .conn
-            .prepare("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'")
-            .expect("prepare");
-        let triggers: Vec<(String, String, String)> = st
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .expect("query")
-            .collect::<rusqlite::Result<_>>()
-            .expect("rows");
+        let triggers = schema_triggers(&c.conn);
         assert!(!triggers.is_empty(), "the schema has triggers to check");
         for (name, table, sql) in triggers {
             let on_insert = sql.to_uppercase().contains(" INSERT ON ");

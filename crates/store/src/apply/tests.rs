@@ -1548,14 +1548,7 @@ fn a_transition_writes_no_statement_journal() {
             assert!(!op.contains("Func"), "{stmt} calls a function ({op})");
         }
     }
-    let triggers: Vec<(String, String, String)> = tx
-        .raw()
-        .prepare("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger'")
-        .expect("prepare")
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .expect("query")
-        .collect::<rusqlite::Result<_>>()
-        .expect("rows");
+    let triggers = crate::schema_triggers(tx.raw());
     // Words that may stand before a parenthesis without calling a function.
     const NOT_CALLS: [&str; 16] = [
         "EXISTS", "IN", "INTO", "VALUES", "AND", "OR", "NOT", "WHEN", "THEN", "ELSE", "WHERE",
