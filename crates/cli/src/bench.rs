@@ -104,6 +104,21 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<i32> {
     result
 }
 
+/// Runs a bench's body until it ends or SIGTERM / Ctrl-C arrives, so that the caller's cleanup
+/// (stopping the controller and workers it started, removing its directory) runs either way:
+/// a signal's default action would end the bench and leave them running.
+pub(crate) async fn until_interrupted<T>(
+    body: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let stop = crate::local::shutdown_signal();
+    tokio::select! {
+        r = body => r,
+        () = stop.recv() => Err(anyhow::anyhow!(
+            "interrupted: stopping the processes this bench started"
+        )),
+    }
+}
+
 pub(crate) fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     let mut b = [0u8; 6];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);

@@ -136,7 +136,7 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
         .unwrap_or_default();
     let mut ctl = crate::bench_memory::spawn_controller_with(&dir, &extra)?;
     let mut fleet: Option<std::process::Child> = None;
-    let result = async {
+    let result = crate::bench::until_interrupted(async {
         let url = wait_url(&dir, &mut ctl)?;
         let cl = iris_rpc::Client::new(&url)?;
         let http = reqwest::Client::new();
@@ -305,7 +305,7 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         );
         Ok::<_, anyhow::Error>(())
-    }
+    })
     .await;
     // The controller first: stopped after the fleet, it would spend its last seconds logging
     // thousands of failed reconciles.

@@ -60,7 +60,7 @@ async fn measure(a: &DetectArgs, peer_dir: &Path, hub_dir: &Path) -> anyhow::Res
         .await
         .context("starting the hub")?;
     let cl = iris_rpc::Client::new(&hub.url()).map_err(|e| anyhow::anyhow!(e.message))?;
-    let result = rounds(a, &cl, &mut peer, peer_dir, port).await;
+    let result = crate::bench::until_interrupted(rounds(a, &cl, &mut peer, peer_dir, port)).await;
     peer.kill();
     hub.shutdown().await;
     let (down, up) = result?;

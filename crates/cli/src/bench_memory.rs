@@ -212,14 +212,14 @@ pub(crate) fn spawn_controller_with(
 pub async fn run(a: MemoryArgs) -> anyhow::Result<i32> {
     let dir = crate::bench::tempdir()?;
     let mut child = spawn_controller(&dir)?;
-    let result = async {
+    let result = crate::bench::until_interrupted(async {
         let url = wait_url(&dir, &mut child)?;
         let pid = child.id();
         let empty = measure(pid, &url, a.runs).await?;
         let secs = submit(&url, a.jobs, a.clients).await?;
         let loaded = measure(pid, &url, a.runs).await?;
         Ok::<_, anyhow::Error>((empty, secs, loaded))
-    }
+    })
     .await;
     let _ = child.kill();
     let _ = child.wait();

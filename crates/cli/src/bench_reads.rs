@@ -86,7 +86,7 @@ pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
     // A reused directory holds the last run's address: wait for this run's.
     let _ = std::fs::remove_file(dir.join("controller.url"));
     let mut child = crate::bench_memory::spawn_controller(&dir)?;
-    let result = async {
+    let result = crate::bench::until_interrupted(async {
         let url = wait_url(&dir, &mut child)?;
         // `None`: the DB of an earlier fill, nothing timed.
         let fill = if reuse {
@@ -144,7 +144,7 @@ pub async fn run(a: ReadsArgs) -> anyhow::Result<i32> {
                 .map(|m| m.len())
                 .unwrap_or(0);
         Ok::<_, anyhow::Error>((fill, rss, hwm, list, describe, state, db))
-    }
+    })
     .await;
     let _ = child.kill();
     let _ = child.wait();

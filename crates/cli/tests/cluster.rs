@@ -1659,7 +1659,8 @@ fn b17_wait_since_seconds_exact_cancel_and_profiles() {
 }
 
 /// `GET /metrics` (OpenMetrics text): the names an operator scrapes, each moving with the work
-/// the cluster did — submits, placements, task steps, logs, ticks — and the workers' health.
+/// the cluster did — submits, placements, task steps, logs, ticks, the writer connection's time
+/// by user — and the workers' health.
 #[test]
 fn metrics_are_scraped_and_move_with_the_work_done() {
     let c = TestCluster::start(&[WorkerSpec::cpu(8), WorkerSpec::cpu(8)]);
@@ -1688,6 +1689,7 @@ fn metrics_are_scraped_and_move_with_the_work_done() {
         "iris_log_bytes",
         "iris_task_steps",
         "iris_illegal_transitions",
+        "iris_writer_held_seconds",
     ] {
         assert!(
             before.contains(&format!("# TYPE {name} ")),
@@ -1718,6 +1720,11 @@ fn metrics_are_scraped_and_move_with_the_work_done() {
     );
     assert!(moved("iris_ticks_total") >= 1.0, "{after}");
     assert!(moved("iris_admission_batch_size_sum") >= 5.0, "{after}");
+    // Submits, placements and the workers' reports each held the writer connection.
+    for by in ["admission", "tick", "observation"] {
+        let series = format!("iris_writer_held_seconds_total{{by=\"{by}\"}}");
+        assert!(moved(&series) > 0.0, "{series} did not move:\n{after}");
+    }
     assert!(
         moved("iris_rpc_duration_seconds_count{method=\"LaunchJob\"}") >= 5.0,
         "{after}"

@@ -280,7 +280,7 @@ impl Controller {
         }
         let started = std::time::Instant::now();
         let size = batch.len();
-        let mut conn = self.db();
+        let mut conn = self.writer(crate::WriterUse::Admission);
         // Under the writer's lock nothing else commits: the generation and the rows agree.
         let generation = iris_store::workers::generation();
         let workers = match self.feasibility_workers(&*conn, generation) {

@@ -207,17 +207,111 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Controller {
-    /// The writer connection (one for the whole controller).
-    fn db(&self) -> parking_lot::MutexGuard<'_, Db> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if let Some(conn) = self.db.try_lock() {
-            return conn;
+/// Who holds the writer connection, for `iris_writer_held_seconds_total{by}`: the three paths
+/// that share it under load, and everything else (RPC writes, federation, pruning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriterUse {
+    Admission,
+    Tick,
+    Observation,
+    Other,
+}
+
+impl WriterUse {
+    /// Every user, in declaration order (`self as usize` indexes it).
+    pub(crate) const ALL: [WriterUse; 4] = [
+        WriterUse::Admission,
+        WriterUse::Tick,
+        WriterUse::Observation,
+        WriterUse::Other,
+    ];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            WriterUse::Admission => "admission",
+            WriterUse::Tick => "tick",
+            WriterUse::Observation => "observation",
+            WriterUse::Other => "other",
         }
-        self.writer_wanted.fetch_add(1, Relaxed);
-        let conn = self.db.lock();
-        self.writer_wanted.fetch_sub(1, Relaxed);
-        conn
+    }
+}
+
+/// The writer connection, held: counts the time it is held toward its user's share of
+/// `iris_writer_held_seconds_total` when released. The writer's time is the controller's scarce
+/// resource at scale (one connection commits everything), and the time each path waits for it
+/// (in `admission_commit_duration_seconds`, say) does not add up to it.
+pub(crate) struct Writer<'a> {
+    guard: Option<parking_lot::MutexGuard<'a, Db>>,
+    since: std::time::Instant,
+    by: WriterUse,
+    metrics: &'a metrics::Metrics,
+}
+
+impl Writer<'_> {
+    /// Releases the connection to the thread that has waited longest (`crate::observe`).
+    pub(crate) fn unlock_fair(mut self) {
+        self.record();
+        if let Some(g) = self.guard.take() {
+            parking_lot::MutexGuard::unlock_fair(g);
+        }
+    }
+
+    fn record(&self) {
+        self.metrics.writer_held(self.by, self.since.elapsed());
+    }
+}
+
+impl std::ops::Deref for Writer<'_> {
+    type Target = Db;
+    fn deref(&self) -> &Db {
+        // Only `unlock_fair`, which consumes the writer, takes the guard out.
+        self.guard
+            .as_deref()
+            .expect("the writer is held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Writer<'_> {
+    fn deref_mut(&mut self) -> &mut Db {
+        self.guard
+            .as_deref_mut()
+            .expect("the writer is held until dropped")
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        if self.guard.is_some() {
+            self.record();
+        }
+    }
+}
+
+impl Controller {
+    /// The writer connection (one for the whole controller), for a path not named in
+    /// [`WriterUse`].
+    fn db(&self) -> Writer<'_> {
+        self.writer(WriterUse::Other)
+    }
+
+    /// The writer connection, its holding time counted as `by`'s.
+    fn writer(&self, by: WriterUse) -> Writer<'_> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let guard = match self.db.try_lock() {
+            Some(conn) => conn,
+            None => {
+                self.writer_wanted.fetch_add(1, Relaxed);
+                let conn = self.db.lock();
+                self.writer_wanted.fetch_sub(1, Relaxed);
+                conn
+            }
+        };
+        Writer {
+            guard: Some(guard),
+            since: std::time::Instant::now(),
+            by,
+            metrics: &self.metrics,
+        }
     }
 
     /// Whether another thread waits for the writer connection.

@@ -4,12 +4,14 @@
 //! [`Metrics`] (atomic updates, no locks on the hot path); gauges that describe the cluster
 //! (pending tasks by band, workers by health) are the last tick's picture.
 
+use crate::WriterUse;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -34,6 +36,11 @@ struct StateLabel {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByLabel {
+    by: String,
+}
+
 fn latency() -> Histogram {
     // 50 µs .. ~26 s.
     Histogram::new(exponential_buckets(0.000_05, 2.0, 20))
@@ -54,6 +61,10 @@ pub(crate) struct Metrics {
     observation_queue_seconds: Histogram,
     observation_tx_seconds: Histogram,
     observation_tx_reports: Histogram,
+    writer_held: Family<ByLabel, Counter<f64, AtomicU64>>,
+    /// `writer_held`'s series, one per [`WriterUse`] in its order, made once so that releasing
+    /// the writer costs no label allocation or family lookup.
+    writer_held_by: [Counter<f64, AtomicU64>; WriterUse::ALL.len()],
     log_bytes: Counter,
     log_lines: Counter,
     steps: Family<StateLabel, Counter>,
@@ -80,6 +91,8 @@ impl Metrics {
             observation_queue_seconds: latency(),
             observation_tx_seconds: latency(),
             observation_tx_reports: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            writer_held: Family::default(),
+            writer_held_by: Default::default(),
             log_bytes: Counter::default(),
             log_lines: Counter::default(),
             steps: Family::default(),
@@ -150,6 +163,11 @@ impl Metrics {
             m.observation_tx_reports.clone(),
         );
         r.register(
+            "writer_held_seconds",
+            "Time the writer connection was held, by its user (admission, tick, observation, other)",
+            m.writer_held.clone(),
+        );
+        r.register(
             "log_bytes",
             "Bytes of task log lines stored",
             m.log_bytes.clone(),
@@ -170,7 +188,23 @@ impl Metrics {
             "Finished job trees deleted by the retention sweep",
             m.pruned.clone(),
         );
-        Metrics { registry: r, ..m }
+        let writer_held_by = WriterUse::ALL.map(|by| {
+            m.writer_held
+                .get_or_create(&ByLabel {
+                    by: by.label().to_string(),
+                })
+                .clone()
+        });
+        Metrics {
+            registry: r,
+            writer_held_by,
+            ..m
+        }
+    }
+
+    /// The writer connection was held for `took` by `by` (`crate::Writer`).
+    pub(crate) fn writer_held(&self, by: WriterUse, took: Duration) {
+        self.writer_held_by[by as usize].inc_by(took.as_secs_f64());
     }
 
     pub(crate) fn tick_done(&self, took: Duration) {
@@ -282,7 +316,19 @@ mod tests {
         m.observation_queued(Duration::from_millis(2));
         m.observation_transaction(3, Duration::from_millis(4));
         m.logs_stored(2, 10);
+        // Each user's held time lands in its own series.
+        for (i, by) in WriterUse::ALL.into_iter().enumerate() {
+            m.writer_held(by, Duration::from_secs(i as u64 + 1));
+        }
         let text = m.render();
+        for (i, by) in WriterUse::ALL.into_iter().enumerate() {
+            let line = format!(
+                "iris_writer_held_seconds_total{{by=\"{}\"}} {}.0",
+                by.label(),
+                i + 1
+            );
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
+        }
         for line in [
             "iris_ticks_total 1",
             "iris_assignments_total 2",

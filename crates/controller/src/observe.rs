@@ -107,7 +107,7 @@ pub(crate) fn apply_reports_within(
     };
     while let Some(first) = rest.first() {
         let now = iris_store::now_ms();
-        let mut conn = ctl.db();
+        let mut conn = ctl.writer(crate::WriterUse::Observation);
         let started = std::time::Instant::now();
         match in_one_tx(&mut conn, rest, now, done) {
             Ok(changed) => {
@@ -129,7 +129,7 @@ pub(crate) fn apply_reports_within(
                 rest = &rest[1..];
             }
         }
-        parking_lot::MutexGuard::unlock_fair(conn);
+        conn.unlock_fair();
     }
     out
 }

@@ -296,7 +296,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     ctl.metrics.tick_plan(&pending_by_band, healthy, unhealthy);
     if !expired.is_empty() || !timed_out.is_empty() {
         drop(kept);
-        let mut conn = ctl.db();
+        let mut conn = ctl.writer(crate::WriterUse::Tick);
         let wtx = conn.begin()?;
         for t in &expired {
             apply::apply_task_event(
@@ -377,7 +377,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     if !plan.preemptions.is_empty() || !plan.assignments.is_empty() {
         let now = iris_store::now_ms();
         let asked = std::time::Instant::now();
-        let mut conn = ctl.db();
+        let mut conn = ctl.writer(crate::WriterUse::Tick);
         waited_for_writer = asked.elapsed();
         let tx = conn.begin()?;
         // Read under the write lock: a slice being stopped checks, under the same lock, that

@@ -119,14 +119,29 @@ pub fn task_state_rollup(db: &impl Read) -> Result<Vec<TaskStateRollup>> {
         S::Building.code(),
         S::Running.code(),
     );
+    // Counted per job first and only then per root, so that a task costs no lookup of its job;
+    // an attempt is looked up only for a task whose age reads it (a pending task that ran
+    // before, an assigned or building one), not for the running tasks and never-run pending
+    // tasks that are most of a busy cluster (a million tasks read every 10 s at C1M shape).
     let sql = format!(
-        "SELECT j.root_job_id,
-                sum(t.state = {p}), sum(t.state = {a}), sum(t.state = {b}), sum(t.state = {r}),
-                min(CASE WHEN t.state = {p} THEN coalesce(at.finished_at_ms, t.submitted_at_ms) END),
-                min(CASE WHEN t.state IN ({a}, {b}) THEN at.created_at_ms END)
-         FROM tasks t JOIN jobs j ON j.job_id = t.job_id
-         LEFT JOIN task_attempts at ON at.task_id = t.task_id AND at.attempt_id = t.current_attempt_id
-         WHERE t.state IN ({p}, {a}, {b}, {r})
+        "WITH per_job AS (
+             SELECT t.job_id AS job_id,
+                    sum(t.state = {p}) AS pending, sum(t.state = {a}) AS assigned,
+                    sum(t.state = {b}) AS building, sum(t.state = {r}) AS running,
+                    min(CASE WHEN t.state = {p} THEN
+                        CASE WHEN t.current_attempt_id < 0 THEN t.submitted_at_ms
+                             ELSE coalesce((SELECT at.finished_at_ms FROM task_attempts at
+                                            WHERE at.task_id = t.task_id
+                                              AND at.attempt_id = t.current_attempt_id),
+                                           t.submitted_at_ms) END END) AS pending_since,
+                    min(CASE WHEN t.state IN ({a}, {b}) THEN
+                        (SELECT at.created_at_ms FROM task_attempts at
+                         WHERE at.task_id = t.task_id AND at.attempt_id = t.current_attempt_id)
+                        END) AS building_since
+             FROM tasks t WHERE t.state IN ({p}, {a}, {b}, {r}) GROUP BY t.job_id)
+         SELECT j.root_job_id, sum(pending), sum(assigned), sum(building), sum(running),
+                min(pending_since), min(building_since)
+         FROM per_job JOIN jobs j ON j.job_id = per_job.job_id
          GROUP BY j.root_job_id ORDER BY j.root_job_id"
     );
     let rows = db

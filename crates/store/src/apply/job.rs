@@ -138,8 +138,15 @@ impl FirstTaskError {
 
 /// Recomputes a job's state from its tasks (§2.6) and applies it as [`JobEvent::Recomputed`];
 /// a job that went terminal finalizes its remaining tasks and, per its preemption policy, its
-/// descendants.
-pub(crate) fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<()> {
+/// descendants. `can_move_running` is false when every task step since the job's last rollup
+/// leaves a started RUNNING job RUNNING ([`iris_types::Step::can_move_a_running_job`]): such a
+/// job keeps its state without its tasks being read.
+pub(crate) fn recompute_job(
+    tx: &Connection,
+    job_id: &str,
+    can_move_running: bool,
+    now: i64,
+) -> Result<()> {
     let row: Option<(i32, bool, i64, i32, i64, i64)> = tx
         .prepare_cached(
             "SELECT j.state, j.started_at_ms IS NOT NULL, c.max_task_failures, c.preemption_policy,
@@ -161,7 +168,7 @@ pub(crate) fn recompute_job(tx: &Connection, job_id: &str, now: i64) -> Result<(
         return Ok(());
     };
     let cur = JobState::from_code(cur).unwrap_or(JobState::Unspecified);
-    if cur.is_terminal() {
+    if cur.is_terminal() || (cur == JobState::Running && started && !can_move_running) {
         return Ok(());
     }
     // One pass over the job's tasks gives both their states and the first task error.

@@ -15,6 +15,7 @@ use std::sync::LazyLock;
 
 const CONTROLLER: &str = "iris/controller";
 
+#[derive(Debug, PartialEq, Eq)]
 struct TaskRow {
     job_id: String,
     state: TaskState,
@@ -30,9 +31,7 @@ struct TaskRow {
 /// (Three statements before: the same instructions, as its cost is the index lookups.)
 static LOAD_TASK: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT t.job_id, t.state, t.current_attempt_id, t.max_retries_failure,
-                t.max_retries_preemption, c.has_coscheduling, t.current_worker_id,
-                a.state, a.started_at_ms IS NOT NULL, a.attempt_uid, 0, 0
+        "SELECT {TASK_ROW_COLUMNS}, a.state, a.started_at_ms IS NOT NULL, a.attempt_uid, 0, 0
          {LOAD_TASK_FROM}"
     )
 });
@@ -43,9 +42,7 @@ static LOAD_TASK: LazyLock<String> = LazyLock::new(|| {
 /// instructions of each RUNNING and SUCCEEDED one.
 static LOAD_TASK_WITH_RETRY_COUNTS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT t.job_id, t.state, t.current_attempt_id, t.max_retries_failure,
-                t.max_retries_preemption, c.has_coscheduling, t.current_worker_id,
-                a.state, a.started_at_ms IS NOT NULL, a.attempt_uid,
+        "SELECT {TASK_ROW_COLUMNS}, a.state, a.started_at_ms IS NOT NULL, a.attempt_uid,
                 (SELECT count(*) FROM task_attempts f WHERE f.task_id = ?1 AND f.state = {}),
                 (SELECT count(*) FROM task_attempts p
                   WHERE p.task_id = ?1 AND p.state IN {} AND p.started_at_ms IS NOT NULL)
@@ -55,6 +52,23 @@ static LOAD_TASK_WITH_RETRY_COUNTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// A [`TaskRow`]'s columns (tasks `t`, job config `c`), in the order [`task_row`] reads them.
+const TASK_ROW_COLUMNS: &str = "t.job_id, t.state, t.current_attempt_id, t.max_retries_failure,
+                t.max_retries_preemption, c.has_coscheduling, t.current_worker_id";
+
+/// The [`TaskRow`] of [`TASK_ROW_COLUMNS`] starting at column `at`.
+fn task_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<TaskRow> {
+    Ok(TaskRow {
+        job_id: r.get(at)?,
+        state: TaskState::from_code(r.get(at + 1)?).unwrap_or(TaskState::Unspecified),
+        attempt_id: r.get(at + 2)?,
+        max_retries_failure: r.get(at + 3)?,
+        max_retries_preemption: r.get(at + 4)?,
+        coscheduled: r.get::<_, i64>(at + 5)? != 0,
+        worker_id: r.get(at + 6)?,
+    })
+}
+
 const LOAD_TASK_FROM: &str = "FROM tasks t
          JOIN job_config c ON c.job_id = t.job_id
          LEFT JOIN task_attempts a ON a.task_id = t.task_id AND a.attempt_id = t.current_attempt_id
@@ -62,11 +76,7 @@ const LOAD_TASK_FROM: &str = "FROM tasks t
 
 /// The task and what `event`'s transition needs of it; the retry counts are zero unless the
 /// event reads them.
-fn load_task(
-    tx: &Connection,
-    task_id: &str,
-    event: &TaskEvent,
-) -> Result<Option<(TaskRow, TaskCtx, Option<String>)>> {
+fn load_task(tx: &Connection, task_id: &str, event: &TaskEvent) -> Result<Option<Loaded>> {
     let sql = if event.reads_retry_counts() {
         &LOAD_TASK_WITH_RETRY_COUNTS
     } else {
@@ -75,15 +85,7 @@ fn load_task(
     let loaded = tx
         .prepare_cached(sql)?
         .query_row([task_id], |r| {
-            let row = TaskRow {
-                job_id: r.get(0)?,
-                state: TaskState::from_code(r.get(1)?).unwrap_or(TaskState::Unspecified),
-                attempt_id: r.get(2)?,
-                max_retries_failure: r.get(3)?,
-                max_retries_preemption: r.get(4)?,
-                coscheduled: r.get::<_, i64>(5)? != 0,
-                worker_id: r.get(6)?,
-            };
+            let row = task_row(r, 0)?;
             let attempt = match r.get::<_, Option<i32>>(7)? {
                 Some(state) => Some((
                     AttemptCtx {
@@ -98,19 +100,26 @@ fn load_task(
             Ok((row, attempt, counts))
         })
         .optional()?;
-    let Some((row, attempt, (failures, preemptions))) = loaded else {
-        return Ok(None);
-    };
+    Ok(loaded.map(|(row, attempt, counts)| loaded_task(row, attempt, counts)))
+}
+
+/// A task as [`apply_loaded`] takes it: its row, its transition's context, and its current
+/// attempt's uid.
+type Loaded = (TaskRow, TaskCtx, Option<String>);
+
+/// [`Loaded`] from a task's row, its current attempt (with its uid) and its retry counts
+/// (failed, charged).
+fn loaded_task(row: TaskRow, attempt: Option<(AttemptCtx, String)>, counts: (i64, i64)) -> Loaded {
     let ctx = TaskCtx {
         state: row.state,
         attempt: attempt.as_ref().map(|a| a.0),
-        failure_count: failures as u32,
-        preemption_count: preemptions as u32,
+        failure_count: counts.0.max(0) as u32,
+        preemption_count: counts.1.max(0) as u32,
         max_retries_failure: row.max_retries_failure.max(0) as u32,
         max_retries_preemption: row.max_retries_preemption.max(0) as u32,
         coscheduled: row.coscheduled,
     };
-    Ok(Some((row, ctx, attempt.map(|a| a.1))))
+    (row, ctx, attempt.map(|a| a.1))
 }
 
 /// How an applied step ends the attempt.
@@ -161,9 +170,24 @@ pub(crate) fn apply_raw(
     now: i64,
     source: &str,
 ) -> Result<Option<(Step, String, Option<GangCascade>)>> {
-    let Some((row, ctx, uid)) = load_task(tx, task_id, event)? else {
+    let Some(loaded) = load_task(tx, task_id, event)? else {
         return Ok(None);
     };
+    apply_loaded(tx, task_id, loaded, event, exit_code, finish, now, source)
+}
+
+/// [`apply_raw`] for a task its caller has loaded already.
+#[allow(clippy::too_many_arguments)]
+fn apply_loaded(
+    tx: &Connection,
+    task_id: &str,
+    (row, ctx, uid): Loaded,
+    event: &TaskEvent,
+    exit_code: Option<i32>,
+    finish: Finish,
+    now: i64,
+    source: &str,
+) -> Result<Option<(Step, String, Option<GangCascade>)>> {
     let Some(step) = step_of(task_id, &ctx, event) else {
         return Ok(None);
     };
@@ -275,6 +299,7 @@ pub(crate) fn apply_task_event_raw(
     let state = apply_task_event_deferred(
         tx,
         task_id,
+        None,
         event,
         exit_code,
         finish,
@@ -286,11 +311,13 @@ pub(crate) fn apply_task_event_raw(
     Ok(state)
 }
 
-/// [`apply_task_event_raw`] with the job's rollup left to `rollups`.
+/// [`apply_task_event_raw`] with the job's rollup left to `rollups`; `loaded` is the task when
+/// the caller has read it already (else it is read here).
 #[allow(clippy::too_many_arguments)]
 fn apply_task_event_deferred(
     tx: &Connection,
     task_id: &str,
+    loaded: Option<Loaded>,
     event: &TaskEvent,
     exit_code: Option<i32>,
     finish: Finish,
@@ -298,8 +325,21 @@ fn apply_task_event_deferred(
     source: &str,
     rollups: &mut JobRollups,
 ) -> Result<Option<TaskState>> {
+    // Debug builds (every test) check that a caller's read of the task is what `load_task` reads.
+    #[cfg(debug_assertions)]
+    if let Some(l) = &loaded {
+        let again = load_task(tx, task_id, event)?;
+        debug_assert_eq!(again.as_ref(), Some(l), "the caller's read of {task_id}");
+    }
+    let loaded = match loaded {
+        Some(l) => l,
+        None => match load_task(tx, task_id, event)? {
+            Some(l) => l,
+            None => return Ok(None),
+        },
+    };
     let Some((step, job_id, cascade)) =
-        apply_raw(tx, task_id, event, exit_code, finish, now, source)?
+        apply_loaded(tx, task_id, loaded, event, exit_code, finish, now, source)?
     else {
         return Ok(None);
     };
@@ -321,7 +361,7 @@ fn apply_task_event_deferred(
             apply_raw(tx, &sib, &ev, None, Finish::AwaitWorker, now, CONTROLLER)?;
         }
     }
-    rollups.note(job_id);
+    rollups.note(job_id, step.can_move_a_running_job());
     Ok(Some(step.task))
 }
 
@@ -331,14 +371,20 @@ fn apply_task_event_deferred(
 /// O(tasks²) per job (BENCHMARKS, C1M). Task transitions never read their job's state, so the
 /// only difference is order within the batch: a job that turns terminal part-way kills its
 /// unfinished tasks after the batch's other reports of that job are applied, not before.
+///
+/// A job whose noted steps all leave a started RUNNING job RUNNING
+/// ([`iris_types::Step::can_move_a_running_job`]: assignments, RUNNING reports, requeues
+/// without a failure) is rolled up without reading its tasks when it is such a job: that is
+/// two of every three transitions of a task that succeeds first time.
 #[derive(Debug, Default)]
 pub struct JobRollups {
-    jobs: std::collections::BTreeSet<String>,
+    /// Each job noted, and whether any of its noted steps can move it while it runs.
+    jobs: std::collections::BTreeMap<String, bool>,
 }
 
 impl JobRollups {
-    fn note(&mut self, job_id: String) {
-        self.jobs.insert(job_id);
+    fn note(&mut self, job_id: String, can_move_running: bool) {
+        *self.jobs.entry(job_id).or_default() |= can_move_running;
     }
 
     /// Rolls up every job noted, inside the batch's transaction.
@@ -347,8 +393,8 @@ impl JobRollups {
     }
 
     fn finish_raw(self, tx: &Connection, now: i64) -> Result<()> {
-        for job_id in &self.jobs {
-            recompute_job(tx, job_id, now)?;
+        for (job_id, can_move_running) in &self.jobs {
+            recompute_job(tx, job_id, *can_move_running, now)?;
         }
         Ok(())
     }
@@ -469,7 +515,7 @@ pub fn assign_deferred(
         &message,
         CONTROLLER,
     )?;
-    rollups.note(row.job_id);
+    rollups.note(row.job_id, step.can_move_a_running_job());
     Ok(true)
 }
 
@@ -500,6 +546,37 @@ pub fn apply_observation(
     Ok(changed)
 }
 
+/// The attempt a worker reported on by its uid, with its task ([`TASK_ROW_COLUMNS`] from
+/// column 8).
+static REPORTED_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT a.task_id, a.attempt_id, COALESCE(a.worker_id, a.backend_id), a.state,
+                a.finished_at_ms IS NOT NULL, a.started_at_ms IS NOT NULL, t.container_id,
+                t.status_message, {TASK_ROW_COLUMNS}
+         FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id
+         LEFT JOIN job_config c ON c.job_id = t.job_id
+         WHERE a.attempt_uid = ?1"
+    )
+});
+
+/// The attempt a worker reported on, with its task (`None`: the task has no job config).
+struct ReportedAttempt {
+    task_id: String,
+    attempt_id: i64,
+    /// Its worker, or for an attempt with no worker, its backend.
+    holder: Option<String>,
+    state: i32,
+    finished: bool,
+    /// The task's current attempt id.
+    current: i64,
+    started: bool,
+    task: Option<TaskRow>,
+    /// The task's container id and status message: a report that leaves them as they are
+    /// writes neither.
+    container_id: Option<String>,
+    status_message: Option<String>,
+}
+
 /// [`apply_observation`] with the job's rollup left to `rollups` (one per job for a batch of
 /// reconcile answers).
 pub fn apply_observation_deferred(
@@ -510,17 +587,44 @@ pub fn apply_observation_deferred(
     rollups: &mut JobRollups,
 ) -> Result<bool> {
     let tx = &tx.tx;
-    let att: Option<(String, i64, Option<String>, i32, bool, i64)> = tx
-        .prepare_cached(
-            "SELECT a.task_id, a.attempt_id, COALESCE(a.worker_id, a.backend_id), a.state, a.finished_at_ms IS NOT NULL,
-                t.current_attempt_id
-             FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id WHERE a.attempt_uid = ?1",
-        )?
+    // The attempt, and with it its task as `load_task` reads it (one lookup of each instead of
+    // two: the reported attempt is the task's current one, except for a late report).
+    let att: Option<ReportedAttempt> = tx
+        .prepare_cached(&REPORTED_ATTEMPT)?
         .query_row([&obs.attempt_uid], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+            // No job config: `load_task` finds no task either.
+            let has_config = r.get::<_, Option<i64>>(8 + 5)?.is_some();
+            Ok(ReportedAttempt {
+                task_id: r.get(0)?,
+                attempt_id: r.get(1)?,
+                holder: r.get(2)?,
+                state: r.get(3)?,
+                finished: r.get(4)?,
+                started: r.get(5)?,
+                container_id: r.get(6)?,
+                status_message: r.get(7)?,
+                current: r.get(8 + 2)?,
+                task: if has_config {
+                    Some(task_row(r, 8)?)
+                } else {
+                    None
+                },
+            })
         })
         .optional()?;
-    let Some((task_id, attempt_id, att_worker, att_state, finished, current)) = att else {
+    let Some(ReportedAttempt {
+        task_id,
+        attempt_id,
+        holder: att_worker,
+        state: att_state,
+        finished,
+        current,
+        started,
+        task,
+        container_id,
+        status_message,
+    }) = att
+    else {
         return Ok(false);
     };
     if att_worker.as_deref() != Some(worker_id) {
@@ -529,22 +633,20 @@ pub fn apply_observation_deferred(
     let att_state = TaskState::from_code(att_state).unwrap_or(TaskState::Unspecified);
     let reported_terminal = obs.state.is_terminal() || obs.state == TaskState::Missing;
     if attempt_id == current {
-        if !obs.container_id.is_empty() {
+        if !obs.container_id.is_empty() && container_id.as_deref() != Some(&obs.container_id) {
             // The current attempt's container, as the reference keeps it: the last one reported.
-            tx.prepare_cached(
-                "UPDATE tasks SET container_id = ?2 WHERE task_id = ?1 AND container_id IS NOT ?2",
-            )?
-            .execute(params![task_id, obs.container_id])?;
+            tx.prepare_cached("UPDATE tasks SET container_id = ?2 WHERE task_id = ?1")?
+                .execute(params![task_id, obs.container_id])?;
         }
         if !obs.status_message.is_empty() {
-            tx.prepare_cached("UPDATE tasks SET status_message = ?2 WHERE task_id = ?1")?
-                .execute(params![task_id, obs.status_message])?;
-        } else if obs.state == TaskState::Running {
+            if status_message.as_deref() != Some(&obs.status_message) {
+                tx.prepare_cached("UPDATE tasks SET status_message = ?2 WHERE task_id = ?1")?
+                    .execute(params![task_id, obs.status_message])?;
+            }
+        } else if obs.state == TaskState::Running && status_message.is_some() {
             // Running: whatever it was waiting for is over.
-            tx.prepare_cached(
-                "UPDATE tasks SET status_message = NULL WHERE task_id = ?1 AND status_message IS NOT NULL",
-            )?
-            .execute(params![task_id])?;
+            tx.prepare_cached("UPDATE tasks SET status_message = NULL WHERE task_id = ?1")?
+                .execute(params![task_id])?;
         }
     }
     if attempt_id != current || att_state.is_terminal() {
@@ -569,8 +671,26 @@ pub fn apply_observation_deferred(
     } else {
         None
     };
-    let applied =
-        apply_task_event_deferred(tx, &task_id, &ev, exit, Finish::Now, now, src, rollups)?;
+    // The task as read with the attempt, its current one here; an event that reads the retry
+    // counts has it read again with them.
+    let loaded = task.filter(|_| !ev.reads_retry_counts()).map(|row| {
+        let attempt = AttemptCtx {
+            state: att_state,
+            started,
+        };
+        loaded_task(row, Some((attempt, obs.attempt_uid.clone())), (0, 0))
+    });
+    let applied = apply_task_event_deferred(
+        tx,
+        &task_id,
+        loaded,
+        &ev,
+        exit,
+        Finish::Now,
+        now,
+        src,
+        rollups,
+    )?;
     Ok(applied.is_some())
 }
 

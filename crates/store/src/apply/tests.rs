@@ -1584,3 +1584,206 @@ fn a_transition_writes_no_statement_journal() {
         "the change-log and count triggers are there to check"
     );
 }
+
+/// What one step of [`a_rollup_that_skips_a_running_job_never_hides_its_verdict`] does to task
+/// `task` of job `job`.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Assign,
+    Report(TaskState),
+    /// Ends the batch (its rollups) before the next step.
+    Commit,
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = (usize, usize, Op)> {
+    use proptest::prelude::*;
+    let op = prop_oneof![
+        3 => Just(Op::Assign),
+        3 => Just(Op::Report(TaskState::Running)),
+        3 => Just(Op::Report(TaskState::Succeeded)),
+        2 => Just(Op::Report(TaskState::Failed)),
+        1 => Just(Op::Report(TaskState::Preempted)),
+        1 => Just(Op::Report(TaskState::WorkerFailed)),
+        2 => Just(Op::Commit),
+    ];
+    (0..3usize, 0..3usize, op)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// `JobRollups` skips reading the tasks of a started RUNNING job when no step of the batch
+    /// can move it (`Step::can_move_a_running_job`). Whatever the mix of assignments, reports,
+    /// retries, losses and batch ends over three jobs (one a gang) with different failure
+    /// allowances and retry budgets, each job's stored state after every batch is the one a
+    /// full recomputation gives.
+    #[test]
+    fn a_rollup_that_skips_a_running_job_never_hides_its_verdict(
+        ops in proptest::collection::vec(op(), 1..60)
+    ) {
+        let mut db = db();
+        let tx = db.begin().expect("tx");
+        worker(&tx, "w1");
+        let jobs = ["/alice/p0", "/alice/p1", "/alice/p2"];
+        for (i, id) in jobs.iter().enumerate() {
+            let mut j = job(id, 3);
+            j.cfg.max_task_failures = i as i64;
+            j.cfg.max_retries_failure = 1;
+            j.cfg.max_retries_preemption = 1;
+            j.cfg.coscheduling_group_by = (i == 2).then(|| "pool".to_string());
+            insert(&tx, &j);
+        }
+        let mut uids: std::collections::HashMap<(usize, usize), String> = Default::default();
+        let mut rollups = JobRollups::default();
+        let mut now = T0;
+        let check = |tx: &Tx<'_>, now: i64| {
+            for id in jobs {
+                let stored = job_state(tx, id);
+                tx.tx.execute_batch("SAVEPOINT full").expect("savepoint");
+                super::job::recompute_job(&tx.tx, id, true, now).expect("recompute");
+                let full = job_state(tx, id);
+                tx.tx.execute_batch("ROLLBACK TO full; RELEASE full").expect("rollback");
+                assert_eq!(stored, full, "{id} after a batch");
+            }
+        };
+        for (n, (j, t, op)) in ops.into_iter().enumerate() {
+            now += 1;
+            let task_id = format!("{}/{t}", jobs[j]);
+            match op {
+                Op::Assign => {
+                    let uid = format!("u{n}");
+                    let holder = Holder::Worker { id: "w1", address: "127.0.0.1:1" };
+                    if assign_deferred(&tx, &task_id, holder, &uid, 2, now, &mut rollups)
+                        .expect("assign")
+                    {
+                        uids.insert((j, t), uid);
+                    }
+                }
+                Op::Report(state) => {
+                    if let Some(uid) = uids.get(&(j, t)) {
+                        let exit = (state == TaskState::Failed).then_some(1);
+                        report_deferred(&tx, uid, state, exit, now, &mut rollups);
+                    }
+                }
+                Op::Commit => {
+                    std::mem::take(&mut rollups).finish(&tx, now).expect("rollup");
+                    check(&tx, now);
+                }
+            }
+        }
+        rollups.finish(&tx, now).expect("rollup");
+        check(&tx, now);
+    }
+}
+
+/// `jobs::task_state_rollup` (`iris.task_state`): each root job with live tasks, its children's
+/// tasks counted under it, with the oldest pending task's age (since its submit, or since its
+/// last attempt ended when it ran before) and the oldest assigned-or-building attempt's.
+#[test]
+fn the_task_state_rollup_counts_each_root_with_its_children_and_the_oldest_waits() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    let root = job("/alice/r", 3);
+    insert(&tx, &root);
+    insert(&tx, &child(&root, "c", 2));
+    let mut retried = job("/bob/s", 1);
+    retried.cfg.max_retries_preemption = 1;
+    insert(&tx, &retried);
+    insert(&tx, &job("/carol/done", 1));
+    let run = |task: &str, uid: &str, states: &[(TaskState, i64)]| {
+        for (state, at) in states {
+            assert!(
+                report(&tx, "w1", uid, *state, None, "", *at),
+                "{task} {state}"
+            );
+        }
+    };
+    // /alice/r: 0 assigned at +1, 1 building (assigned at +2), 2 never ran.
+    assert!(assign(&tx, "/alice/r/0", "w1", "a", T0 + 1));
+    assert!(assign(&tx, "/alice/r/1", "w1", "b", T0 + 2));
+    run("/alice/r/1", "b", &[(TaskState::Building, T0 + 3)]);
+    // Its child: one running, one done.
+    assert!(assign(&tx, "/alice/r/c/0", "w1", "c", T0 + 4));
+    run("/alice/r/c/0", "c", &[(TaskState::Running, T0 + 5)]);
+    assert!(assign(&tx, "/alice/r/c/1", "w1", "d", T0 + 4));
+    run(
+        "/alice/r/c/1",
+        "d",
+        &[(TaskState::Running, T0 + 5), (TaskState::Succeeded, T0 + 6)],
+    );
+    // /bob/s: ran, lost its worker at +7, pending again since then.
+    assert!(assign(&tx, "/bob/s/0", "w1", "e", T0 + 1));
+    run(
+        "/bob/s/0",
+        "e",
+        &[
+            (TaskState::Running, T0 + 2),
+            (TaskState::WorkerFailed, T0 + 7),
+        ],
+    );
+    assert_eq!(task_state(&tx, "/bob/s/0"), TaskState::Pending);
+    // /carol/done: finished, so not listed.
+    assert!(assign(&tx, "/carol/done/0", "w1", "f", T0 + 1));
+    run("/carol/done/0", "f", &[(TaskState::Succeeded, T0 + 2)]);
+
+    let rollup = jobs::task_state_rollup(&tx).expect("rollup");
+    let want = |root: &str, counts: [i64; 4], pending: Option<i64>, building: Option<i64>| {
+        jobs::TaskStateRollup {
+            root_job_id: root.into(),
+            pending: counts[0],
+            assigned: counts[1],
+            building: counts[2],
+            running: counts[3],
+            oldest_pending_since_ms: pending,
+            oldest_building_since_ms: building,
+        }
+    };
+    assert_eq!(
+        rollup,
+        vec![
+            want("/alice/r", [1, 1, 1, 1], Some(T0), Some(T0 + 1)),
+            want("/bob/s", [1, 0, 0, 0], Some(T0 + 7), None),
+        ]
+    );
+}
+
+/// A worker's status text (what a task waits for) is kept while it is reported, replaced by a
+/// new one, and cleared once the task runs; a report without one keeps it until then.
+#[test]
+fn a_status_message_is_kept_replaced_and_cleared_when_the_task_runs() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    worker(&tx, "w1");
+    insert(&tx, &job("/alice/st", 1));
+    assert!(assign(&tx, "/alice/st/0", "w1", "s0", T0 + 1));
+    let seen = |state: TaskState, status: &str, now: i64| {
+        let obs = Observation {
+            attempt_uid: "s0".into(),
+            state,
+            exit_code: None,
+            error: String::new(),
+            status_message: status.into(),
+            container_id: String::new(),
+        };
+        apply_observation(&tx, "w1", &obs, now).expect("observation");
+        task(&tx, "/alice/st/0").status_message
+    };
+    assert_eq!(
+        seen(TaskState::Building, "pulling image", T0 + 2).as_deref(),
+        Some("pulling image")
+    );
+    assert_eq!(
+        seen(TaskState::Building, "pulling image", T0 + 3).as_deref(),
+        Some("pulling image")
+    );
+    assert_eq!(
+        seen(TaskState::Building, "", T0 + 4).as_deref(),
+        Some("pulling image")
+    );
+    assert_eq!(
+        seen(TaskState::Building, "syncing deps", T0 + 5).as_deref(),
+        Some("syncing deps")
+    );
+    assert_eq!(seen(TaskState::Running, "", T0 + 6), None);
+}

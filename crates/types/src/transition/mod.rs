@@ -121,6 +121,18 @@ pub struct Step {
     pub cascade: Option<GangCascade>,
 }
 
+impl Step {
+    /// Whether this step can change the verdict of a job that is RUNNING and has started
+    /// (§2.6): it ends its task, fails an attempt (which raises the job's failed-attempt count),
+    /// or moves the task's gang (whose members' steps a store applies under this one's rollup,
+    /// so the rule answers for them too). Any other step leaves such a job RUNNING whatever its
+    /// other tasks are, so a store may skip recomputing the job after it (test
+    /// `only_ends_failures_and_cascades_can_move_a_running_job`).
+    pub fn can_move_a_running_job(&self) -> bool {
+        self.task.is_terminal() || self.attempt == Some(TaskState::Failed) || self.cascade.is_some()
+    }
+}
+
 /// A transition that does not apply. These are values, not errors: the caller drops the event.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Rejected {

@@ -358,11 +358,8 @@ fn the_first_error_words_the_job_verdict_but_never_picks_it() {
     }
 }
 
-/// `TaskEvent::reads_retry_counts`: for every event it says no to, in every state, with or
-/// without an attempt (started or not), in or out of a gang, and whatever the budgets, the
-/// step is the same with the counts at zero as with any counts.
-#[test]
-fn only_failures_and_losses_read_the_retry_counts() {
+/// Every task event, each report once per state.
+fn all_events() -> Vec<TaskEvent> {
     let mut events = vec![
         TaskEvent::Assign,
         TaskEvent::WorkerLost,
@@ -381,13 +378,27 @@ fn only_failures_and_losses_read_the_retry_counts() {
         TaskEvent::KickFail,
     ];
     events.extend(T::ALL.iter().map(|s| report(*s)));
-    let attempts: Vec<Option<(T, bool)>> = std::iter::once(None)
+    events
+}
+
+/// No attempt, or an attempt in any state, started or not.
+fn all_attempts() -> Vec<Option<(T, bool)>> {
+    std::iter::once(None)
         .chain(
             T::ALL
                 .iter()
                 .flat_map(|s| [Some((*s, false)), Some((*s, true))]),
         )
-        .collect();
+        .collect()
+}
+
+/// `TaskEvent::reads_retry_counts`: for every event it says no to, in every state, with or
+/// without an attempt (started or not), in or out of a gang, and whatever the budgets, the
+/// step is the same with the counts at zero as with any counts.
+#[test]
+fn only_failures_and_losses_read_the_retry_counts() {
+    let events = all_events();
+    let attempts = all_attempts();
     let mut read = 0;
     for event in &events {
         if event.reads_retry_counts() {
@@ -421,4 +432,85 @@ fn only_failures_and_losses_read_the_retry_counts() {
     }
     // The events that do read them: a failure and the losses (reported or not).
     assert_eq!(read, 7, "WorkerLost, Preempt and five reported ends");
+}
+
+/// `Step::can_move_a_running_job`: every step it says no to, from every task state, attempt,
+/// gang flag, budget and count, leaves a started RUNNING job RUNNING (§2.6), whatever up to two
+/// other tasks of the job are and whatever its failure count and limit (raised by one when the
+/// step fails an attempt, as the store counts them). And the rule is not vacuous: an assignment and a RUNNING report
+/// are among the steps it skips.
+#[test]
+fn only_ends_failures_and_cascades_can_move_a_running_job() {
+    let mut others: Vec<Vec<T>> = vec![vec![]];
+    for a in T::ALL {
+        others.push(vec![*a]);
+        for b in T::ALL {
+            others.push(vec![*a, *b]);
+        }
+    }
+    let (mut skipped, mut checked) = (0, 0);
+    for event in &all_events() {
+        for state in T::ALL {
+            for attempt in &all_attempts() {
+                for coscheduled in [false, true] {
+                    for (max_f, max_p, f, p) in
+                        [(0, 0, 0, 0), (1, 1, 0, 0), (1, 1, 1, 1), (3, 5, 1, 2)]
+                    {
+                        let mut t = task(*state, *attempt);
+                        t.coscheduled = coscheduled;
+                        t.max_retries_failure = max_f;
+                        t.max_retries_preemption = max_p;
+                        t.failure_count = f;
+                        t.preemption_count = p;
+                        let Ok(step) = transition(&t, event) else {
+                            continue;
+                        };
+                        if step.can_move_a_running_job() {
+                            continue;
+                        }
+                        skipped += 1;
+                        for rest in &others {
+                            for (failed, limit) in [(0, 0), (1, 1), (2, 1), (2, 5)] {
+                                let state_of = |first: T, failed: u32| {
+                                    let tasks: Vec<T> = std::iter::once(first)
+                                        .chain(rest.iter().copied())
+                                        .collect();
+                                    job_state(&JobCtx {
+                                        tasks: &tasks,
+                                        failed_attempts: failed,
+                                        max_task_failures: limit,
+                                        ever_started: true,
+                                        first_error: None,
+                                    })
+                                    .0
+                                };
+                                if state_of(*state, failed) != JobState::Running {
+                                    continue;
+                                }
+                                checked += 1;
+                                // The store counts an attempt that enters FAILED.
+                                let failed_after =
+                                    failed + u32::from(step.attempt == Some(T::Failed));
+                                assert_eq!(
+                                    state_of(step.task, failed_after),
+                                    JobState::Running,
+                                    "{event:?} from {state} ({attempt:?}) to {} beside {rest:?}, {failed} failed of {limit}",
+                                    step.task
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} running jobs checked");
+    let assign = transition(&task(T::Pending, None), &TaskEvent::Assign).expect("assigns");
+    let running = transition(
+        &task(T::Assigned, Some((T::Assigned, false))),
+        &report(T::Running),
+    )
+    .expect("runs");
+    assert!(!assign.can_move_a_running_job() && !running.can_move_a_running_job());
+    assert!(skipped > 0);
 }
