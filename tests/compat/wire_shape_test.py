@@ -218,6 +218,14 @@ def job_state(c, job_id):
     return ((data.get("job") or {}).get("state") or "").removeprefix("JOB_STATE_").lower()
 
 
+def unmet_names(c, job_id):
+    """Whether the autoscaler's last routing decision lists a task of `job_id` as unmet."""
+    _, data = c.call(SERVICE, "GetAutoscalerStatus", {})
+    decision = (data.get("status") or {}).get("lastRoutingDecision") or {}
+    return any(t.startswith(job_id + "/") for u in decision.get("unmetEntries") or []
+               for t in (u.get("entry") or {}).get("taskIds") or [])
+
+
 def build_state(published, c, work):
     """The same jobs, budget and endpoint on `c`; the job ids by role."""
     wait_until(f"{c.kind}'s worker", lambda: c.call(SERVICE, "ListWorkers", {})[1].get("workers"), timeout=180)
@@ -236,6 +244,10 @@ def build_state(published, c, work):
         jobs[role] = ids[-1]
     for role, want in [("ok", "succeeded"), ("fails", "failed"), ("pair", "succeeded"), ("runs", "running")]:
         wait_until(f"{c.kind}: {role} to be {want}", lambda: job_state(c, jobs[role]) == want, timeout=180)
+    # The state compared includes the autoscaler's verdict on "huge" (an unmet entry in its last
+    # routing decision); the autoscaler evaluates on its own clock, so wait for it to have seen
+    # the job rather than race it (a loaded machine once compared before it had).
+    wait_until(f"{c.kind}: the autoscaler to count huge as unmet", lambda: unmet_names(c, jobs["huge"]), timeout=60)
     user = jobs["ok"].split("/")[1]
     status, data = c.call(SERVICE, "SetUserBudget", {"userId": user, "budgetLimit": "1000", "maxBand": "PRIORITY_BAND_INTERACTIVE"})
     if status != 200:
