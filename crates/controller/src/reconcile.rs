@@ -182,7 +182,7 @@ fn desired_set(
             Intent::Run {
                 launch: Some(Box::new(job::RunTaskRequest {
                     task_id: r.task_id.clone(),
-                    num_tasks: r.num_tasks as i32,
+                    num_tasks: spec.num_tasks as i32,
                     entrypoint: req.entrypoint.clone(),
                     environment: req.environment.clone(),
                     bundle_id: req.bundle_id.clone().unwrap_or_default(),

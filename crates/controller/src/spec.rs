@@ -15,6 +15,7 @@ pub struct JobSpec {
     pub device_variant: String,
     pub user: String,
     pub depth: u32,
+    /// The job's task count: its replicas (at least 1), as its `jobs.num_tasks` row holds.
     pub num_tasks: u32,
 }
 

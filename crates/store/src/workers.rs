@@ -262,12 +262,15 @@ pub struct DesiredRow {
     pub attempt_state: TaskState,
     pub task_state: TaskState,
     pub is_current: bool,
-    pub num_tasks: i64,
 }
 
+/// No join to `jobs`: what a launch needs of its job (its task count among it) comes from the
+/// controller's cached spec, as the rest of the launch does. Every reconcile of every worker
+/// reads these rows (17% of the controller's CPU at C1M shape, half of it re-reading pages a
+/// commit dropped from the reader's cache; BENCHMARKS.md); the job's lookups were a small part.
 const OPEN_ATTEMPT_COLS: &str =
-    "SELECT a.attempt_uid, a.task_id, t.job_id, a.attempt_id, a.state, t.state, t.current_attempt_id, j.num_tasks
-     FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id JOIN jobs j ON j.job_id = t.job_id";
+    "SELECT a.attempt_uid, a.task_id, t.job_id, a.attempt_id, a.state, t.state, t.current_attempt_id
+     FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id";
 
 static OPEN_ON_WORKER: LazyLock<String> = LazyLock::new(|| {
     format!("{OPEN_ATTEMPT_COLS} WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL ORDER BY a.created_at_ms")
@@ -302,7 +305,6 @@ fn open_rows(c: &impl Read, sql: &str, holder: &str) -> Result<Vec<DesiredRow>> 
             attempt_state: TaskState::from_code(r.get(4)?).unwrap_or(TaskState::Unspecified),
             task_state: TaskState::from_code(r.get(5)?).unwrap_or(TaskState::Unspecified),
             is_current: attempt_id == current,
-            num_tasks: r.get(7)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
