@@ -178,7 +178,12 @@ const WAL_CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_mill
 
 /// How large the controller DB's WAL may grow (pages of 4 KiB) before a writer's commit copies
 /// what the checkpoint thread has not, and so lets the WAL start over (SQLite's default is 1,000).
-const WAL_PAGES_BEFORE_A_COMMIT_COPIES: u32 = 10_000;
+/// A commit that copies also syncs the WAL and the DB file while it holds the one writer
+/// connection: at 10,000 pages the C1M run's WAL stayed past the mark (readers pin its tail), and
+/// the observation writer spent ~16% of its time in disk waits (`D` state,
+/// `fsync`'s writeback) instead of ~5% at 100,000; end to end +4–6% in two alternating runs, for a
+/// WAL of up to ~0.5 GB under that load (BENCHMARKS.md, C1M).
+const WAL_PAGES_BEFORE_A_COMMIT_COPIES: u32 = 100_000;
 
 /// The thread that checkpoints the controller DB's WAL, so that its writers' commits find
 /// little to copy (`Db::checkpoint_on_commit_past`). It ends within one period of the
