@@ -218,7 +218,7 @@ def job_state(c, job_id):
     return ((data.get("job") or {}).get("state") or "").removeprefix("JOB_STATE_").lower()
 
 
-def unmet_names(c, job_id):
+def lists_unmet(c, job_id):
     """Whether the autoscaler's last routing decision lists a task of `job_id` as unmet."""
     _, data = c.call(SERVICE, "GetAutoscalerStatus", {})
     decision = (data.get("status") or {}).get("lastRoutingDecision") or {}
@@ -247,7 +247,7 @@ def build_state(published, c, work):
     # The state compared includes the autoscaler's verdict on "huge" (an unmet entry in its last
     # routing decision); the autoscaler evaluates on its own clock, so wait for it to have seen
     # the job rather than race it (a loaded machine once compared before it had).
-    wait_until(f"{c.kind}: the autoscaler to count huge as unmet", lambda: unmet_names(c, jobs["huge"]), timeout=60)
+    wait_until(f"{c.kind}: the autoscaler to count huge as unmet", lambda: lists_unmet(c, jobs["huge"]), timeout=60)
     user = jobs["ok"].split("/")[1]
     status, data = c.call(SERVICE, "SetUserBudget", {"userId": user, "budgetLimit": "1000", "maxBand": "PRIORITY_BAND_INTERACTIVE"})
     if status != 200:

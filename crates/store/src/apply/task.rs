@@ -546,8 +546,11 @@ pub fn apply_observation(
     Ok(changed)
 }
 
+/// Where [`REPORTED_ATTEMPT`]'s [`TASK_ROW_COLUMNS`] start.
+const REPORTED_TASK_AT: usize = 8;
+
 /// The attempt a worker reported on by its uid, with its task ([`TASK_ROW_COLUMNS`] from
-/// column 8).
+/// column [`REPORTED_TASK_AT`]).
 static REPORTED_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT a.task_id, a.attempt_id, COALESCE(a.worker_id, a.backend_id), a.state,
@@ -592,8 +595,8 @@ pub fn apply_observation_deferred(
     let att: Option<ReportedAttempt> = tx
         .prepare_cached(&REPORTED_ATTEMPT)?
         .query_row([&obs.attempt_uid], |r| {
-            // No job config: `load_task` finds no task either.
-            let has_config = r.get::<_, Option<i64>>(8 + 5)?.is_some();
+            // No job config (`c.has_coscheduling` is NULL): `load_task` finds no task either.
+            let has_config = r.get::<_, Option<i64>>(REPORTED_TASK_AT + 5)?.is_some();
             Ok(ReportedAttempt {
                 task_id: r.get(0)?,
                 attempt_id: r.get(1)?,
@@ -603,9 +606,9 @@ pub fn apply_observation_deferred(
                 started: r.get(5)?,
                 container_id: r.get(6)?,
                 status_message: r.get(7)?,
-                current: r.get(8 + 2)?,
+                current: r.get(REPORTED_TASK_AT + 2)?,
                 task: if has_config {
-                    Some(task_row(r, 8)?)
+                    Some(task_row(r, REPORTED_TASK_AT)?)
                 } else {
                     None
                 },

@@ -437,8 +437,8 @@ fn only_failures_and_losses_read_the_retry_counts() {
 /// `Step::can_move_a_running_job`: every step it says no to, from every task state, attempt,
 /// gang flag, budget and count, leaves a started RUNNING job RUNNING (§2.6), whatever up to two
 /// other tasks of the job are and whatever its failure count and limit (raised by one when the
-/// step fails an attempt, as the store counts them). And the rule is not vacuous: an assignment and a RUNNING report
-/// are among the steps it skips.
+/// step fails an attempt, as the store counts them). And the rule is not vacuous: an assignment
+/// and a RUNNING report are among the steps it skips.
 #[test]
 fn only_ends_failures_and_cascades_can_move_a_running_job() {
     let mut others: Vec<Vec<T>> = vec![vec![]];
