@@ -86,8 +86,13 @@ fn request(i: usize, a: &C1mArgs) -> c::LaunchJobRequest {
     r
 }
 
-/// The sum of every sample of counter `name` in the controller's `/metrics` text.
-async fn counter(http: &reqwest::Client, url: &str, name: &str) -> anyhow::Result<f64> {
+/// Every sample of metric `name` in the controller's `/metrics` text: its labels (`{...}`, or
+/// empty) and its value.
+async fn samples(
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+) -> anyhow::Result<Vec<(String, f64)>> {
     let text = http
         .get(format!("{url}/metrics"))
         .send()
@@ -100,12 +105,25 @@ async fn counter(http: &reqwest::Client, url: &str, name: &str) -> anyhow::Resul
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
             let (key, value) = l.rsplit_once(' ')?;
-            let metric = key.split('{').next()?;
-            (metric == name)
-                .then(|| value.parse::<f64>().ok())
+            let labels = key.strip_prefix(name)?;
+            (labels.is_empty() || labels.starts_with('{'))
+                .then(|| Some((labels.to_string(), value.parse::<f64>().ok()?)))
                 .flatten()
         })
-        .sum())
+        .collect())
+}
+
+/// The sum of every sample of counter `name` in the controller's `/metrics` text.
+async fn counter(http: &reqwest::Client, url: &str, name: &str) -> anyhow::Result<f64> {
+    Ok(samples(http, url, name).await?.iter().map(|(_, v)| v).sum())
+}
+
+/// The `q` quantile (0..=1) of `sorted`, in milliseconds.
+fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return 0.0;
+    };
+    sorted[((last as f64) * q).round() as usize].as_secs_f64() * 1e3
 }
 
 async fn healthy_workers(cl: &iris_rpc::Client) -> anyhow::Result<usize> {
@@ -191,17 +209,22 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
                 .map(|i| request(i, &a))
                 .collect();
             handles.push(tokio::spawn(async move {
+                let mut took = Vec::with_capacity(reqs.len());
                 for r in reqs {
+                    let at = Instant::now();
                     let _: c::LaunchJobResponse = cl
                         .call(SVC, "LaunchJob", &r, Duration::from_secs(120))
                         .await?;
+                    took.push(at.elapsed());
                 }
-                Ok::<_, anyhow::Error>(())
+                Ok::<_, anyhow::Error>(took)
             }));
         }
+        let mut launch = Vec::with_capacity(a.jobs);
         for h in handles {
-            h.await??;
+            launch.extend(h.await??);
         }
+        launch.sort_unstable();
         let submit_s = t0.elapsed().as_secs_f64();
         eprintln!(
             "submitted {} jobs ({tasks} tasks) in {submit_s:.1} s",
@@ -257,6 +280,8 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
             cpu_seconds(fleet_pid)? - cpu0.1,
         );
         let assigned = counter(&http, &url, "iris_assignments_total").await? - base_assign;
+        let held = samples(&http, &url, "iris_writer_held_seconds_total").await?;
+        let ticks = counter(&http, &url, "iris_ticks_total").await?;
         let (rss, hwm) = rss_kib(ctl.id())?;
         let db = ["controller.sqlite3", "controller.sqlite3-wal"]
             .iter()
@@ -294,6 +319,24 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
             peak_rss as f64 / 1024.0,
             hwm as f64 / 1024.0,
             db as f64 / 1_048_576.0
+        );
+        println!(
+            "LaunchJob latency while the cluster ran: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            quantile_ms(&launch, 0.5),
+            quantile_ms(&launch, 0.99),
+            quantile_ms(&launch, 1.0)
+        );
+        // Since the controller started (registration included).
+        let held: Vec<String> = held
+            .iter()
+            .map(|(labels, s)| {
+                let by = labels.trim_start_matches("{by=\"").trim_end_matches("\"}");
+                format!("{by} {s:.1} s")
+            })
+            .collect();
+        println!(
+            "{ticks:.0} ticks; the writer connection held by {}",
+            held.join(", ")
         );
         // CPU time varies less than wall time on a shared machine: compare binaries by it too.
         println!(

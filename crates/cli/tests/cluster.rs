@@ -1690,6 +1690,7 @@ fn metrics_are_scraped_and_move_with_the_work_done() {
         "iris_task_steps",
         "iris_illegal_transitions",
         "iris_writer_held_seconds",
+        "iris_writer_turns",
     ] {
         assert!(
             before.contains(&format!("# TYPE {name} ")),
@@ -1724,6 +1725,8 @@ fn metrics_are_scraped_and_move_with_the_work_done() {
     for by in ["admission", "tick", "observation"] {
         let series = format!("iris_writer_held_seconds_total{{by=\"{by}\"}}");
         assert!(moved(&series) > 0.0, "{series} did not move:\n{after}");
+        let series = format!("iris_writer_turns_total{{by=\"{by}\"}}");
+        assert!(moved(&series) >= 1.0, "{series} did not move:\n{after}");
     }
     assert!(
         moved("iris_rpc_duration_seconds_count{method=\"LaunchJob\"}") >= 5.0,

@@ -65,6 +65,9 @@ pub(crate) struct Metrics {
     /// `writer_held`'s series, one per [`WriterUse`] in its order, made once so that releasing
     /// the writer costs no label allocation or family lookup.
     writer_held_by: [Counter<f64, AtomicU64>; WriterUse::ALL.len()],
+    writer_turns: Family<ByLabel, Counter>,
+    /// `writer_turns`'s series, as `writer_held_by`.
+    writer_turns_by: [Counter; WriterUse::ALL.len()],
     log_bytes: Counter,
     log_lines: Counter,
     steps: Family<StateLabel, Counter>,
@@ -93,6 +96,8 @@ impl Metrics {
             observation_tx_reports: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
             writer_held: Family::default(),
             writer_held_by: Default::default(),
+            writer_turns: Family::default(),
+            writer_turns_by: Default::default(),
             log_bytes: Counter::default(),
             log_lines: Counter::default(),
             steps: Family::default(),
@@ -168,6 +173,11 @@ impl Metrics {
             m.writer_held.clone(),
         );
         r.register(
+            "writer_turns",
+            "Times the writer connection was taken, by its user (one turn: one or more transactions)",
+            m.writer_turns.clone(),
+        );
+        r.register(
             "log_bytes",
             "Bytes of task log lines stored",
             m.log_bytes.clone(),
@@ -195,9 +205,17 @@ impl Metrics {
                 })
                 .clone()
         });
+        let writer_turns_by = WriterUse::ALL.map(|by| {
+            m.writer_turns
+                .get_or_create(&ByLabel {
+                    by: by.label().to_string(),
+                })
+                .clone()
+        });
         Metrics {
             registry: r,
             writer_held_by,
+            writer_turns_by,
             ..m
         }
     }
@@ -205,6 +223,7 @@ impl Metrics {
     /// The writer connection was held for `took` by `by` (`crate::Writer`).
     pub(crate) fn writer_held(&self, by: WriterUse, took: Duration) {
         self.writer_held_by[by as usize].inc_by(took.as_secs_f64());
+        self.writer_turns_by[by as usize].inc();
     }
 
     pub(crate) fn tick_done(&self, took: Duration) {
@@ -327,6 +346,8 @@ mod tests {
                 by.label(),
                 i + 1
             );
+            assert!(text.contains(&line), "{line} missing from:\n{text}");
+            let line = format!("iris_writer_turns_total{{by=\"{}\"}} 1", by.label());
             assert!(text.contains(&line), "{line} missing from:\n{text}");
         }
         for line in [

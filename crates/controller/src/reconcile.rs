@@ -232,6 +232,10 @@ async fn reconcile_loop(
     // One client per worker address, kept across rounds (keep-alive, parsed URLs).
     let mut client: Option<(String, iris_rpc::Client)> = None;
     let mut stored = Stored::default();
+    // The worker's address as of one workers' generation: read again only once a worker has
+    // been registered or removed since (every reconcile read it: 2% of the controller at C1M
+    // shape).
+    let mut known: Option<(u64, String)> = None;
     // After a failed round the next comes at the base interval, so a lost worker is noticed as
     // quickly in a large fleet as in a small one.
     let mut wait = ctl.cfg.reconcile_interval;
@@ -275,10 +279,17 @@ async fn reconcile_loop(
         let prepared = {
             let conn = lock(&ctl.reconcile_reader);
             (|| -> Result<Option<(String, Vec<DesiredAttempt>)>> {
+                // Taken before the read transaction's first read (`workers::generation`).
+                let generation = iris_store::workers::generation();
                 let tx = conn.begin_read()?;
-                match iris_store::workers::address(&tx, &worker_id)? {
+                let addr = match known.take() {
+                    Some((g, a)) if g == generation => Some(a),
+                    _ => iris_store::workers::address(&tx, &worker_id)?,
+                };
+                match addr {
                     None => Ok(None),
                     Some(a) => {
+                        known = Some((generation, a.clone()));
                         let rows = iris_store::workers::open_attempts(&tx, &worker_id)?;
                         desired_set(&ctl, &tx, rows).map(|d| Some((a, d)))
                     }

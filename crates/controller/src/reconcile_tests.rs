@@ -364,6 +364,32 @@ async fn an_unreachable_worker_is_failed_only_after_its_grace_and_its_work_reque
     );
 }
 
+#[tokio::test]
+async fn a_worker_registered_again_at_another_address_is_reconciled_there() {
+    let ctl = controller_with(|c| {
+        c.worker_grace = Duration::from_secs(3600);
+        c.reconcile_interval = Duration::from_millis(20);
+    });
+    register_at(&ctl, "w1", &refusing_address(), 8, 32 * GIB);
+    ensure_reconciler(&ctl, "w1");
+    // A few refused rounds at the first address (the loop keeps the address it read).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr").to_string();
+    register_at(&ctl, "w1", &addr, 8, 32 * GIB);
+    // The same loop's next round goes to the new address.
+    let accepted = tokio::time::timeout(Duration::from_secs(30), listener.accept()).await;
+    assert!(
+        accepted.is_ok_and(|r| r.is_ok()),
+        "no reconcile reached the worker's new address"
+    );
+    assert!(workers::address(&*ctl.db(), "w1")
+        .expect("read worker")
+        .is_some_and(|a| a == addr));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_worker_is_failed_only_after_three_failed_reconciles_even_with_no_grace() {
     let ctl = controller_with(|c| {

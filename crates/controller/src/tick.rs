@@ -15,7 +15,7 @@ use std::time::Duration;
 const ENDPOINT_SWEEP: Duration = Duration::from_secs(60);
 
 pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut last_cost = Duration::ZERO;
+    let mut last_overhead = Duration::ZERO;
     let mut last_sweep = std::time::Instant::now();
     loop {
         tokio::select! {
@@ -23,13 +23,8 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = shutdown.wait_for(|v| *v) => return,
         }
-        // Coalesce bursts of wakes (e.g. a storm of submits) into one tick, and keep the tick
-        // to about a quarter of one core under load: wait three times as long as the last tick
-        // took (a tick over a small queue costs well under a millisecond, so idle clusters still
-        // place work within ~2 ms), at most 3 s. At 500,000 pending a tick costs 1-2 s; a 500 ms
-        // cap kept it at ~77% of a core there, taken from the observation writer.
-        tokio::time::sleep((last_cost * 3).clamp(Duration::from_millis(2), Duration::from_secs(3)))
-            .await;
+        // Coalesce bursts of wakes (e.g. a storm of submits) into one tick; see `pause_after`.
+        tokio::time::sleep(pause_after(last_overhead)).await;
         let c = ctl.clone();
         let started = std::time::Instant::now();
         let sweep = last_sweep.elapsed() >= ENDPOINT_SWEEP;
@@ -42,15 +37,21 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
                     tracing::error!(error = %e, "sweeping expired endpoints failed");
                 }
             }
-            let r = tick(&c);
+            let r = paced_tick(&c);
             if let Err(e) = crate::federation::tick_pass(&c) {
                 tracing::error!(error = %e, "federation placement pass failed");
             }
             r
         })
         .await;
-        last_cost = started.elapsed();
-        ctl.metrics.tick_done(last_cost);
+        let cost = started.elapsed();
+        ctl.metrics.tick_done(cost);
+        // A tick that failed or panicked is paced by its whole cost.
+        last_overhead = match &res {
+            Ok(Ok(t)) => t.overhead + cost.saturating_sub(t.took),
+            _ => cost,
+        };
+        let res = res.map(|r| r.map(|t| t.touched));
         match res {
             Ok(Ok(workers)) => {
                 let links = lock(&ctl.workers);
@@ -248,8 +249,49 @@ pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read, generation: u64) -
     })
 }
 
+/// The pause before the next tick, after one that spent `overhead` reading the state and
+/// planning: three times that (so those passes, which grow with the queue and the cluster, take
+/// at most about a quarter of a core however large both are), at least 2 ms (bursts of wakes,
+/// e.g. a storm of submits, coalesce into one tick) and at most 3 s. The time a tick spent
+/// writing what it placed does not count: that work is proportional to the placements, each of
+/// which has to be written once whenever it is made, and pausing for it only delays the next
+/// ones (with it counted, a C1M-shape cluster placed ~5,000 tasks/s; BENCHMARKS.md).
+pub(crate) fn pause_after(overhead: Duration) -> Duration {
+    (overhead * 3).clamp(Duration::from_millis(2), Duration::from_secs(3))
+}
+
+/// How long one of the tick's write transactions runs before it hands the writer connection to
+/// a thread that waits for it (the observation writer's `shared` budget).
+const TICK_TX_SHARED: Duration = Duration::from_millis(25);
+
+/// The job part of a task id (`<job>/<index>`), without building a `TaskId`.
+fn job_of(task: &str) -> &str {
+    task.rsplit_once('/').map_or(task, |(job, _)| job)
+}
+
+/// What one tick did, for its pacing ([`pause_after`]).
+pub(crate) struct Ticked {
+    /// The workers whose desired set changed.
+    pub touched: BTreeSet<String>,
+    /// Time spent reading and planning, or the whole tick when it placed nothing.
+    pub overhead: Duration,
+    /// The whole tick.
+    pub took: Duration,
+}
+
 /// One control tick. Returns the workers whose desired set changed.
+#[cfg(test)]
 pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
+    paced_tick(ctl).map(|t| t.touched)
+}
+
+/// One control tick, with what its pacing needs.
+pub(crate) fn paced_tick(ctl: &Controller) -> Result<Ticked> {
+    tick_within(ctl, TICK_TX_SHARED)
+}
+
+/// [`paced_tick`], its write transactions handing the writer over after `shared`.
+pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> {
     let now = iris_store::now_ms();
     // Phase times for the debug line at the end (`IRIS_LOG=iris_controller::tick=debug`).
     let started = std::time::Instant::now();
@@ -324,11 +366,11 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         wtx.commit()?;
         // Those tasks changed state after the snapshot: plan again right after the pause.
         ctl.wake.notify_one();
-        return Ok(touched);
+        return Ok(Ticked::whole(touched, started));
     }
     if tasks.is_empty() {
         *lock(&ctl.pending_reasons) = Default::default();
-        return Ok(touched);
+        return Ok(Ticked::whole(touched, started));
     }
     // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
     // is re-validated by `transition` when applied below.
@@ -342,7 +384,7 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
                 drop(poisoned);
                 kept.holdings.untold();
                 ctl.wake.notify_one();
-                return Ok(touched);
+                return Ok(Ticked::whole(touched, started));
             }
         };
         match &unsynced {
@@ -375,66 +417,87 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
     ctl.metrics
         .planned(plan.assignments.len(), plan.preemptions.len());
     if !plan.preemptions.is_empty() || !plan.assignments.is_empty() {
-        let now = iris_store::now_ms();
-        let asked = std::time::Instant::now();
-        let mut conn = ctl.writer(crate::WriterUse::Tick);
-        waited_for_writer = asked.elapsed();
-        let tx = conn.begin()?;
-        // Read under the write lock: a slice being stopped checks, under the same lock, that
-        // nothing was placed on it (`crate::autoscale`).
-        let draining = ctl.draining();
-        // The assignments' jobs are rolled up once each, after all of them.
-        let mut rollups = apply::JobRollups::default();
-        for p in &plan.preemptions {
-            apply::apply_task_event(
-                &tx,
-                &p.victim,
-                &TaskEvent::Preempt { by: p.by.clone() },
-                None,
-                apply::Finish::AwaitWorker,
-                now,
-                "iris/controller",
-            )?;
-            touched.insert(p.worker.clone());
-        }
-        for a in plan
-            .assignments
-            .iter()
-            .filter(|a| !draining.contains(&a.worker))
-        {
-            let band = bands.get(&a.task).copied().unwrap_or(Band::Interactive);
-            // Asked of the backend registry, not inferred from a missing address: a worker
-            // removed since the snapshot must fail this commit (its row is gone), not become a
-            // backend nobody reconciles.
-            let holder = if ctl.backend(&a.worker).is_some() {
-                apply::Holder::Backend(&a.worker)
-            } else {
-                apply::Holder::Worker {
-                    id: &a.worker,
-                    address: addresses.get(&a.worker).map_or("", String::as_str),
+        let mut preemptions = plan.preemptions.as_slice();
+        let mut assignments = plan.assignments.as_slice();
+        // In transactions that hand the writer over (fairly) once they have run for `shared`
+        // and another thread waits for it, as the observation writer's do: a
+        // tick placing 20,000 tasks at C1M shape held it for ~0.4 s, and submissions waited
+        // behind it. The plan holds across them: every assignment is re-validated when applied.
+        loop {
+            let now = iris_store::now_ms();
+            let asked = std::time::Instant::now();
+            let mut conn = ctl.writer(crate::WriterUse::Tick);
+            waited_for_writer += asked.elapsed();
+            let began = std::time::Instant::now();
+            let tx = conn.begin()?;
+            // Read under the write lock: a slice being stopped checks, under the same lock, that
+            // nothing was placed on it (`crate::autoscale`).
+            let draining = ctl.draining();
+            // The assignments' jobs are rolled up once each per transaction, after all of them.
+            let mut rollups = apply::JobRollups::default();
+            for p in preemptions {
+                apply::apply_task_event(
+                    &tx,
+                    &p.victim,
+                    &TaskEvent::Preempt { by: p.by.clone() },
+                    None,
+                    apply::Finish::AwaitWorker,
+                    now,
+                    "iris/controller",
+                )?;
+                touched.insert(p.worker.clone());
+            }
+            preemptions = &[];
+            while let Some((a, rest)) = assignments.split_first() {
+                assignments = rest;
+                if draining.contains(&a.worker) {
+                    continue;
                 }
-            };
-            if apply::assign_deferred(
-                &tx,
-                &a.task,
-                holder,
-                &new_uid(),
-                band.code(),
-                now,
-                &mut rollups,
-            )? {
-                touched.insert(a.worker.clone());
+                let band = bands.get(&a.task).copied().unwrap_or(Band::Interactive);
+                // Asked of the backend registry, not inferred from a missing address: a worker
+                // removed since the snapshot must fail this commit (its row is gone), not become
+                // a backend nobody reconciles.
+                let holder = if ctl.backend(&a.worker).is_some() {
+                    apply::Holder::Backend(&a.worker)
+                } else {
+                    apply::Holder::Worker {
+                        id: &a.worker,
+                        address: addresses.get(&a.worker).map_or("", String::as_str),
+                    }
+                };
+                if apply::assign_deferred(
+                    &tx,
+                    &a.task,
+                    holder,
+                    &new_uid(),
+                    band.code(),
+                    now,
+                    &mut rollups,
+                )? {
+                    touched.insert(a.worker.clone());
+                }
+                // Never between two tasks of one job: a gang's members commit together.
+                let job_ends = rest
+                    .first()
+                    .is_none_or(|next| job_of(&next.task) != job_of(&a.task));
+                if job_ends && began.elapsed() >= shared && ctl.writer_wanted() {
+                    break;
+                }
+            }
+            let at = std::time::Instant::now();
+            rollups.finish(&tx, now)?;
+            rolled_up += at.elapsed();
+            let at = std::time::Instant::now();
+            tx.commit()?;
+            committed += at.elapsed();
+            conn.unlock_fair();
+            if assignments.is_empty() {
+                break;
             }
         }
-        let at = std::time::Instant::now();
-        rollups.finish(&tx, now)?;
-        rolled_up = at.elapsed();
-        let at = std::time::Instant::now();
-        tx.commit()?;
-        committed = at.elapsed();
-        // Progress: plan again right after the pause (three times this tick's cost), for what
-        // the per-job and per-worker cycle caps held back, instead of waiting out the idle
-        // second. A tick that changes nothing does not re-arm itself.
+        // Progress: plan again right after the pause, for what the per-job and per-worker
+        // cycle caps held back, instead of waiting out the idle second. A tick that changes
+        // nothing does not re-arm itself.
         if !touched.is_empty() {
             ctl.wake.notify_one();
         }
@@ -464,7 +527,23 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
         of_which_commit_ms = ms(committed),
         "tick"
     );
-    Ok(touched)
+    Ok(Ticked {
+        touched,
+        overhead: planned,
+        took: started.elapsed(),
+    })
+}
+
+impl Ticked {
+    /// A tick that stopped before applying a plan: all of it was overhead.
+    fn whole(touched: BTreeSet<String>, started: std::time::Instant) -> Self {
+        let took = started.elapsed();
+        Ticked {
+            touched,
+            overhead: took,
+            took,
+        }
+    }
 }
 
 #[cfg(test)]

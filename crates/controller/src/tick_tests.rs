@@ -339,3 +339,70 @@ async fn the_clusters_running_set_follows_the_changed_holdings_alone() {
     assert_eq!(task_state(&ctl, "/alice/c/0"), TaskState::Pending);
     assert_eq!(cluster_running(&ctl), both[1..].to_vec());
 }
+
+#[test]
+fn the_pause_after_a_tick_follows_its_reading_and_planning_within_bounds() {
+    use super::pause_after;
+    use std::time::Duration;
+    assert_eq!(pause_after(Duration::ZERO), Duration::from_millis(2));
+    assert_eq!(
+        pause_after(Duration::from_millis(40)),
+        Duration::from_millis(120)
+    );
+    assert_eq!(pause_after(Duration::from_secs(2)), Duration::from_secs(3));
+}
+
+/// Times the tick took the writer connection (`iris_writer_turns_total{by="tick"}`).
+fn tick_turns(ctl: &crate::Controller) -> u64 {
+    let text = ctl.metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix("iris_writer_turns_total{by=\"tick\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn gang(name: &str, replicas: i32) -> iris_proto::cluster::controller::LaunchJobRequest {
+    let mut r = request(name, replicas, 1000);
+    r.coscheduling = Some(iris_proto::job::CoschedulingConfig {
+        // Every worker has a `device-type` (here `cpu`): one group of all of them.
+        group_by: "device-type".into(),
+    });
+    r
+}
+
+#[tokio::test]
+async fn a_tick_hands_the_writer_to_a_waiting_thread_between_jobs_never_inside_one() {
+    use std::time::Duration;
+    let ctl = controller();
+    for w in ["w1", "w2", "w3", "w4"] {
+        register(&ctl, w, 8, 64 * GIB);
+    }
+    // Nobody waits: one transaction for the whole plan.
+    launch(&ctl, request("/alice/first", 2, 1000)).await;
+    launch(&ctl, gang("/alice/first-gang", 3)).await;
+    let before = tick_turns(&ctl);
+    super::tick_within(&ctl, Duration::ZERO).expect("tick");
+    assert_eq!(tick_turns(&ctl) - before, 1);
+
+    // Someone waits, and the budget is spent at once: each job's assignments are their own
+    // transaction, the gang's three together.
+    launch(&ctl, request("/alice/a", 3, 1000)).await;
+    launch(&ctl, gang("/alice/gang", 3)).await;
+    launch(&ctl, request("/alice/c", 2, 1000)).await;
+    ctl.pretend_writer_wanted(true);
+    let before = tick_turns(&ctl);
+    let ticked = super::tick_within(&ctl, Duration::ZERO);
+    ctl.pretend_writer_wanted(false);
+    let ticked = ticked.expect("tick");
+    assert_eq!(tick_turns(&ctl) - before, 3);
+    // Every assignment of the plan was applied across them.
+    for (job, n) in [("/alice/a", 3), ("/alice/gang", 3), ("/alice/c", 2)] {
+        for i in 0..n {
+            let t = format!("{job}/{i}");
+            assert_eq!(task_state(&ctl, &t), TaskState::Assigned, "{t}");
+        }
+        assert_eq!(job_state(&ctl, job), JobState::Running, "{job}");
+    }
+    assert!(!ticked.touched.is_empty());
+    assert!(ticked.overhead <= ticked.took);
+}
