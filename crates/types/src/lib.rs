@@ -19,6 +19,6 @@ pub use resources::{Dim, Resources};
 pub use state::{Band, JobState, TaskState};
 pub use transition::{
     job_state, job_transition, orphaned_attempt_on_worker_loss, terminates_children, transition,
-    AttemptCtx, ErrorUpdate, GangCascade, JobCtx, JobEvent, JobRejected, JobStep, Rejected, Step,
-    TaskCtx, TaskEvent,
+    AttemptCtx, ErrorUpdate, GangCascade, JobCtx, JobEvent, JobRejected, JobStep, Rejected,
+    RunningJobMove, Step, TaskCtx, TaskEvent,
 };

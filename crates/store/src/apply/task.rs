@@ -7,8 +7,8 @@ use crate::events::insert_event;
 use crate::sets::{ATTEMPT_PREEMPTION, TASK_ACTIVE};
 use crate::{Result, Tx};
 use iris_types::{
-    orphaned_attempt_on_worker_loss, transition, AttemptCtx, GangCascade, Rejected, Step, TaskCtx,
-    TaskEvent, TaskState,
+    orphaned_attempt_on_worker_loss, transition, AttemptCtx, GangCascade, Rejected, RunningJobMove,
+    Step, TaskCtx, TaskEvent, TaskState,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::sync::LazyLock;
@@ -361,7 +361,7 @@ fn apply_task_event_deferred(
             apply_raw(tx, &sib, &ev, None, Finish::AwaitWorker, now, CONTROLLER)?;
         }
     }
-    rollups.note(job_id, step.can_move_a_running_job());
+    rollups.note(job_id, step.running_job_move());
     Ok(Some(step.task))
 }
 
@@ -375,16 +375,18 @@ fn apply_task_event_deferred(
 /// A job whose noted steps all leave a started RUNNING job RUNNING
 /// ([`iris_types::Step::can_move_a_running_job`]: assignments, RUNNING reports, requeues
 /// without a failure) is rolled up without reading its tasks when it is such a job: that is
-/// two of every three transitions of a task that succeeds first time.
+/// two of every three transitions of a task that succeeds first time. One whose strongest steps
+/// are successes ([`RunningJobMove::OnceNoTaskIsLeft`]) reads only whether a task is left.
 #[derive(Debug, Default)]
 pub struct JobRollups {
-    /// Each job noted, and whether any of its noted steps can move it while it runs.
-    jobs: std::collections::BTreeMap<String, bool>,
+    /// Each job noted, and the most its noted steps can do to it while it runs.
+    jobs: std::collections::BTreeMap<String, RunningJobMove>,
 }
 
 impl JobRollups {
-    fn note(&mut self, job_id: String, can_move_running: bool) {
-        *self.jobs.entry(job_id).or_default() |= can_move_running;
+    fn note(&mut self, job_id: String, step: RunningJobMove) {
+        let noted = self.jobs.entry(job_id).or_default();
+        *noted = (*noted).max(step);
     }
 
     /// Rolls up every job noted, inside the batch's transaction.
@@ -393,8 +395,8 @@ impl JobRollups {
     }
 
     fn finish_raw(self, tx: &Connection, now: i64) -> Result<()> {
-        for (job_id, can_move_running) in &self.jobs {
-            recompute_job(tx, job_id, *can_move_running, now)?;
+        for (job_id, step) in &self.jobs {
+            recompute_job(tx, job_id, *step, now)?;
         }
         Ok(())
     }
@@ -515,7 +517,7 @@ pub fn assign_deferred(
         &message,
         CONTROLLER,
     )?;
-    rollups.note(row.job_id, step.can_move_a_running_job());
+    rollups.note(row.job_id, step.running_job_move());
     Ok(true)
 }
 

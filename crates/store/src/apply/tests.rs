@@ -1613,7 +1613,8 @@ proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
 
     /// `JobRollups` skips reading the tasks of a started RUNNING job when no step of the batch
-    /// can move it (`Step::can_move_a_running_job`). Whatever the mix of assignments, reports,
+    /// can move it (`Step::can_move_a_running_job`), or when its strongest steps are successes
+    /// and one of its tasks is unfinished (`RunningJobMove::OnceNoTaskIsLeft`). Whatever the mix of assignments, reports,
     /// retries, losses and batch ends over three jobs (one a gang) with different failure
     /// allowances and retry budgets, each job's stored state after every batch is the one a
     /// full recomputation gives.
@@ -1640,7 +1641,7 @@ proptest::proptest! {
             for id in jobs {
                 let stored = job_state(tx, id);
                 tx.tx.execute_batch("SAVEPOINT full").expect("savepoint");
-                super::job::recompute_job(&tx.tx, id, true, now).expect("recompute");
+                super::job::recompute_job(&tx.tx, id, iris_types::RunningJobMove::May, now).expect("recompute");
                 let full = job_state(tx, id);
                 tx.tx.execute_batch("ROLLBACK TO full; RELEASE full").expect("rollback");
                 assert_eq!(stored, full, "{id} after a batch");

@@ -129,8 +129,41 @@ impl Step {
     /// other tasks are, so a store may skip recomputing the job after it (test
     /// `only_ends_failures_and_cascades_can_move_a_running_job`).
     pub fn can_move_a_running_job(&self) -> bool {
-        self.task.is_terminal() || self.attempt == Some(TaskState::Failed) || self.cascade.is_some()
+        self.running_job_move() != RunningJobMove::Cannot
     }
+
+    /// How this step can change the verdict of a job that is RUNNING and has started: not at
+    /// all ([`Step::can_move_a_running_job`]); only once none of the job's tasks is left
+    /// unfinished, for a success (it ends its task SUCCEEDED, fails no attempt and moves no
+    /// gang: a RUNNING job's other tasks cannot be KILLED or UNSCHEDULABLE, or it would not be
+    /// RUNNING, and a success raises no failure count, so while one task is unfinished the job
+    /// stays RUNNING — test `a_success_moves_a_running_job_only_once_no_task_is_left`); or
+    /// otherwise.
+    pub fn running_job_move(&self) -> RunningJobMove {
+        if self.attempt == Some(TaskState::Failed) || self.cascade.is_some() {
+            RunningJobMove::May
+        } else if self.task == TaskState::Succeeded {
+            RunningJobMove::OnceNoTaskIsLeft
+        } else if self.task.is_terminal() {
+            RunningJobMove::May
+        } else {
+            RunningJobMove::Cannot
+        }
+    }
+}
+
+/// What a task step (or the strongest of a batch's steps on one job) can do to the verdict of a
+/// job that is RUNNING and has started ([`Step::running_job_move`]), weakest first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RunningJobMove {
+    /// It stays RUNNING whatever its other tasks are.
+    #[default]
+    Cannot,
+    /// It stays RUNNING while any of its tasks is unfinished (and no more attempts failed than
+    /// its `max_task_failures`, which only a step that [`RunningJobMove::May`] can raise).
+    OnceNoTaskIsLeft,
+    /// Its tasks decide.
+    May,
 }
 
 /// A transition that does not apply. These are values, not errors: the caller drops the event.

@@ -440,6 +440,77 @@ fn only_failures_and_losses_read_the_retry_counts() {
 /// step fails an attempt, as the store counts them). And the rule is not vacuous: an assignment
 /// and a RUNNING report are among the steps it skips.
 #[test]
+fn a_success_moves_a_running_job_only_once_no_task_is_left() {
+    use crate::RunningJobMove as M;
+    let mut others: Vec<Vec<T>> = vec![vec![]];
+    for a in T::ALL {
+        others.push(vec![*a]);
+        for b in T::ALL {
+            others.push(vec![*a, *b]);
+        }
+    }
+    let (mut successes, mut checked, mut moved) = (0, 0, 0);
+    for event in &all_events() {
+        for state in T::ALL {
+            for attempt in &all_attempts() {
+                for coscheduled in [false, true] {
+                    let mut t = task(*state, *attempt);
+                    t.coscheduled = coscheduled;
+                    let Ok(step) = transition(&t, event) else {
+                        continue;
+                    };
+                    if step.running_job_move() != M::OnceNoTaskIsLeft {
+                        continue;
+                    }
+                    successes += 1;
+                    // A success fails no attempt: the job's failure count stays.
+                    assert_eq!(step.task, T::Succeeded);
+                    assert_ne!(step.attempt, Some(T::Failed));
+                    assert!(step.cascade.is_none());
+                    for rest in &others {
+                        for (failed, limit) in [(0, 0), (1, 1), (2, 1), (2, 5)] {
+                            let state_of = |first: T| {
+                                let tasks: Vec<T> =
+                                    std::iter::once(first).chain(rest.iter().copied()).collect();
+                                job_state(&JobCtx {
+                                    tasks: &tasks,
+                                    failed_attempts: failed,
+                                    max_task_failures: limit,
+                                    ever_started: true,
+                                    first_error: None,
+                                })
+                                .0
+                            };
+                            if state_of(*state) != JobState::Running {
+                                continue;
+                            }
+                            if rest.iter().any(|s| !s.is_terminal()) {
+                                checked += 1;
+                                assert_eq!(
+                                    state_of(step.task),
+                                    JobState::Running,
+                                    "{event:?} from {state} ({attempt:?}) beside {rest:?}, {failed} failed of {limit}"
+                                );
+                            } else if state_of(step.task) != JobState::Running {
+                                moved += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        successes > 0 && checked > 100,
+        "{successes} successes, {checked} checked"
+    );
+    // With nothing left unfinished, a success does move a job (the rule is not vacuous).
+    assert!(moved > 0);
+    // The strongest step of a batch decides: the kinds are ordered.
+    assert!(M::Cannot < M::OnceNoTaskIsLeft && M::OnceNoTaskIsLeft < M::May);
+}
+
+#[test]
 fn only_ends_failures_and_cascades_can_move_a_running_job() {
     let mut others: Vec<Vec<T>> = vec![vec![]];
     for a in T::ALL {
