@@ -281,6 +281,7 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
         );
         let assigned = counter(&http, &url, "iris_assignments_total").await? - base_assign;
         let held = samples(&http, &url, "iris_writer_held_seconds_total").await?;
+        let threads = crate::bench_memory::thread_times(ctl.id())?;
         let ticks = counter(&http, &url, "iris_ticks_total").await?;
         let (rss, hwm) = rss_kib(ctl.id())?;
         let db = ["controller.sqlite3", "controller.sqlite3-wal"]
@@ -337,6 +338,27 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
         println!(
             "{ticks:.0} ticks; the writer connection held by {}",
             held.join(", ")
+        );
+        // Where the controller's CPU went, and how long its threads waited for one (the two
+        // cores are shared with the fleet and this bench).
+        let threads: Vec<String> = threads
+            .iter()
+            .filter(|t| t.cpu_s >= 0.05)
+            .map(|t| {
+                let n = if t.threads > 1 {
+                    format!(" ({} threads)", t.threads)
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{}{n} {:.1} s on a CPU, {:.1} s waiting for one",
+                    t.name, t.cpu_s, t.waiting_s
+                )
+            })
+            .collect();
+        println!(
+            "controller threads since it started: {}",
+            threads.join("; ")
         );
         // CPU time varies less than wall time on a shared machine: compare binaries by it too.
         println!(

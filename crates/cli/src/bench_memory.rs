@@ -25,20 +25,25 @@ pub struct MemoryArgs {
 
 /// CPU time `pid` has used so far (user + system), from `/proc/<pid>/stat`.
 pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    stat_cpu_seconds(&format!("/proc/{pid}"))
+}
+
+/// The user and system CPU time in `dir/stat` (a process's or a thread's), in seconds.
+fn stat_cpu_seconds(dir: &str) -> anyhow::Result<f64> {
+    let s = std::fs::read_to_string(format!("{dir}/stat"))
+        .with_context(|| format!("reading {dir}/stat"))?;
     // The command name (field 2) is in parentheses and may hold spaces: count from after it.
     let rest = s
         .rsplit_once(')')
         .map(|(_, r)| r)
-        .with_context(|| format!("no command name in /proc/{pid}/stat"))?;
+        .with_context(|| format!("no command name in {dir}/stat"))?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
     let ticks = |i: usize| -> anyhow::Result<f64> {
         fields
             .get(i)
             .and_then(|v| v.parse::<f64>().ok())
-            .with_context(|| format!("no CPU time in /proc/{pid}/stat"))
+            .with_context(|| format!("no CPU time in {dir}/stat"))
     };
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
@@ -46,6 +51,51 @@ pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
         .filter(|&hz| hz > 0)
         .context("the clock tick rate (sysconf CLK_TCK)")? as f64;
     Ok((ticks(11)? + ticks(12)?) / hz)
+}
+
+/// A process's live threads grouped by name: how many, their CPU time, and how long they were
+/// runnable but waiting for a CPU (`schedstat`), in seconds. Threads that already exited are
+/// not counted.
+pub(crate) fn thread_times(pid: u32) -> anyhow::Result<Vec<ThreadTimes>> {
+    let mut by_name: std::collections::BTreeMap<String, ThreadTimes> = Default::default();
+    let tasks = format!("/proc/{pid}/task");
+    for entry in std::fs::read_dir(&tasks).with_context(|| format!("listing {tasks}"))? {
+        let dir = entry?.path().display().to_string();
+        // A thread may exit between the listing and the reads: skip it.
+        let (Ok(name), Ok(cpu), Ok(sched)) = (
+            std::fs::read_to_string(format!("{dir}/comm")),
+            stat_cpu_seconds(&dir),
+            std::fs::read_to_string(format!("{dir}/schedstat")),
+        ) else {
+            continue;
+        };
+        // schedstat: nanoseconds on a CPU, nanoseconds runnable but waiting, time slices.
+        let waiting = sched
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1e9;
+        let name = name.trim().to_string();
+        let t = by_name.entry(name.clone()).or_insert(ThreadTimes {
+            name,
+            ..Default::default()
+        });
+        t.threads += 1;
+        t.cpu_s += cpu;
+        t.waiting_s += waiting;
+    }
+    let mut out: Vec<ThreadTimes> = by_name.into_values().collect();
+    out.sort_by(|a, b| b.cpu_s.total_cmp(&a.cpu_s));
+    Ok(out)
+}
+
+#[derive(Default)]
+pub(crate) struct ThreadTimes {
+    pub name: String,
+    pub threads: usize,
+    pub cpu_s: f64,
+    pub waiting_s: f64,
 }
 
 /// `VmRSS` and `VmHWM` of `pid`, in KiB.
