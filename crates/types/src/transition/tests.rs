@@ -434,14 +434,8 @@ fn only_failures_and_losses_read_the_retry_counts() {
     assert_eq!(read, 7, "WorkerLost, Preempt and five reported ends");
 }
 
-/// `Step::can_move_a_running_job`: every step it says no to, from every task state, attempt,
-/// gang flag, budget and count, leaves a started RUNNING job RUNNING (§2.6), whatever up to two
-/// other tasks of the job are and whatever its failure count and limit (raised by one when the
-/// step fails an attempt, as the store counts them). And the rule is not vacuous: an assignment
-/// and a RUNNING report are among the steps it skips.
-#[test]
-fn a_success_moves_a_running_job_only_once_no_task_is_left() {
-    use crate::RunningJobMove as M;
+/// The other tasks a job may have beside the one a step moves: none, one or two, in every state.
+fn up_to_two_other_tasks() -> Vec<Vec<T>> {
     let mut others: Vec<Vec<T>> = vec![vec![]];
     for a in T::ALL {
         others.push(vec![*a]);
@@ -449,6 +443,31 @@ fn a_success_moves_a_running_job_only_once_no_task_is_left() {
             others.push(vec![*a, *b]);
         }
     }
+    others
+}
+
+/// The verdict on a job that has started, whose tasks are `first` and `rest`, with `failed`
+/// failed attempts of `limit` allowed.
+fn started_job_state(first: T, rest: &[T], failed: u32, limit: u32) -> JobState {
+    let tasks: Vec<T> = std::iter::once(first).chain(rest.iter().copied()).collect();
+    job_state(&JobCtx {
+        tasks: &tasks,
+        failed_attempts: failed,
+        max_task_failures: limit,
+        ever_started: true,
+        first_error: None,
+    })
+    .0
+}
+
+/// `RunningJobMove::OnceNoTaskIsLeft`: every step it names, from every task state, attempt and
+/// gang flag, ends its task SUCCEEDED without failing an attempt or moving a gang, and leaves a
+/// started RUNNING job RUNNING while another of its tasks is unfinished, whatever those others
+/// are and whatever its failure count and limit. And with none left it does move some job.
+#[test]
+fn a_success_moves_a_running_job_only_once_no_task_is_left() {
+    use crate::RunningJobMove as M;
+    let others = up_to_two_other_tasks();
     let (mut successes, mut checked, mut moved) = (0, 0, 0);
     for event in &all_events() {
         for state in T::ALL {
@@ -469,18 +488,7 @@ fn a_success_moves_a_running_job_only_once_no_task_is_left() {
                     assert!(step.cascade.is_none());
                     for rest in &others {
                         for (failed, limit) in [(0, 0), (1, 1), (2, 1), (2, 5)] {
-                            let state_of = |first: T| {
-                                let tasks: Vec<T> =
-                                    std::iter::once(first).chain(rest.iter().copied()).collect();
-                                job_state(&JobCtx {
-                                    tasks: &tasks,
-                                    failed_attempts: failed,
-                                    max_task_failures: limit,
-                                    ever_started: true,
-                                    first_error: None,
-                                })
-                                .0
-                            };
+                            let state_of = |first: T| started_job_state(first, rest, failed, limit);
                             if state_of(*state) != JobState::Running {
                                 continue;
                             }
@@ -510,15 +518,14 @@ fn a_success_moves_a_running_job_only_once_no_task_is_left() {
     assert!(M::Cannot < M::OnceNoTaskIsLeft && M::OnceNoTaskIsLeft < M::May);
 }
 
+/// `Step::can_move_a_running_job`: every step it says no to, from every task state, attempt,
+/// gang flag, budget and count, leaves a started RUNNING job RUNNING (§2.6), whatever up to two
+/// other tasks of the job are and whatever its failure count and limit (raised by one when the
+/// step fails an attempt, as the store counts them). And the rule is not vacuous: an assignment
+/// and a RUNNING report are among the steps it skips.
 #[test]
 fn only_ends_failures_and_cascades_can_move_a_running_job() {
-    let mut others: Vec<Vec<T>> = vec![vec![]];
-    for a in T::ALL {
-        others.push(vec![*a]);
-        for b in T::ALL {
-            others.push(vec![*a, *b]);
-        }
-    }
+    let others = up_to_two_other_tasks();
     let (mut skipped, mut checked) = (0, 0);
     for event in &all_events() {
         for state in T::ALL {
@@ -543,17 +550,7 @@ fn only_ends_failures_and_cascades_can_move_a_running_job() {
                         for rest in &others {
                             for (failed, limit) in [(0, 0), (1, 1), (2, 1), (2, 5)] {
                                 let state_of = |first: T, failed: u32| {
-                                    let tasks: Vec<T> = std::iter::once(first)
-                                        .chain(rest.iter().copied())
-                                        .collect();
-                                    job_state(&JobCtx {
-                                        tasks: &tasks,
-                                        failed_attempts: failed,
-                                        max_task_failures: limit,
-                                        ever_started: true,
-                                        first_error: None,
-                                    })
-                                    .0
+                                    started_job_state(first, rest, failed, limit)
                                 };
                                 if state_of(*state, failed) != JobState::Running {
                                     continue;
