@@ -66,11 +66,6 @@ pub fn secret_files(secrets: &BTreeMap<String, String>) -> BTreeMap<String, Stri
 
 const AWS_CREDENTIALS_FILE: &str = ".aws-credentials";
 
-/// The job id of a task id (`/u/job/3` → `/u/job`).
-fn job_of(task_id: &str) -> &str {
-    task_id.rsplit_once('/').map(|x| x.0).unwrap_or(task_id)
-}
-
 /// Proto JSON with the reference's field names (`preserving_proto_field_name`): our generated
 /// serde emits lowerCamelCase, which the reference's parser also accepts, but users read these
 /// variables with plain `json.loads`, so the names must be the proto's.
@@ -119,7 +114,10 @@ pub fn iris_environment(run: &job::RunTaskRequest, w: &WorkerSide) -> BTreeMap<S
         set("IRIS_ATTEMPT_UID", run.attempt_uid.clone());
     }
     set("IRIS_NUM_TASKS", run.num_tasks.to_string());
-    set("IRIS_JOB_ID", job_of(&run.task_id).to_string());
+    set(
+        "IRIS_JOB_ID",
+        iris_types::job_of_task(&run.task_id).to_string(),
+    );
     set("IRIS_BUNDLE_ID", run.bundle_id.clone());
     if !w.controller_url.is_empty() {
         set("IRIS_CONTROLLER_ADDRESS", w.controller_url.clone());

@@ -77,6 +77,17 @@ pub(crate) struct Metrics {
     scrape: Mutex<()>,
 }
 
+/// One series of `family` per [`WriterUse`], in its order.
+fn by_use<M: Clone + Default>(family: &Family<ByLabel, M>) -> [M; WriterUse::ALL.len()] {
+    WriterUse::ALL.map(|by| {
+        family
+            .get_or_create(&ByLabel {
+                by: by.label().to_string(),
+            })
+            .clone()
+    })
+}
+
 impl Metrics {
     pub(crate) fn new() -> Metrics {
         let mut r = Registry::with_prefix("iris");
@@ -198,20 +209,8 @@ impl Metrics {
             "Finished job trees deleted by the retention sweep",
             m.pruned.clone(),
         );
-        let writer_held_by = WriterUse::ALL.map(|by| {
-            m.writer_held
-                .get_or_create(&ByLabel {
-                    by: by.label().to_string(),
-                })
-                .clone()
-        });
-        let writer_turns_by = WriterUse::ALL.map(|by| {
-            m.writer_turns
-                .get_or_create(&ByLabel {
-                    by: by.label().to_string(),
-                })
-                .clone()
-        });
+        let writer_held_by = by_use(&m.writer_held);
+        let writer_turns_by = by_use(&m.writer_turns);
         Metrics {
             registry: r,
             writer_held_by,

@@ -5,7 +5,7 @@ use crate::pending::Unsynced;
 use crate::{lock, Controller};
 use iris_scheduler::{Policy, RunningTask, Snapshot, Worker};
 use iris_store::{apply, snapshot, Read};
-use iris_types::{Band, TaskEvent};
+use iris_types::{job_of_task, Band, TaskEvent};
 use rand::RngCore;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -264,11 +264,6 @@ pub(crate) fn pause_after(overhead: Duration) -> Duration {
 /// a thread that waits for it (the observation writer's `shared` budget).
 const TICK_TX_SHARED: Duration = Duration::from_millis(25);
 
-/// The job part of a task id (`<job>/<index>`), without building a `TaskId`.
-fn job_of(task: &str) -> &str {
-    task.rsplit_once('/').map_or(task, |(job, _)| job)
-}
-
 /// What one tick did, for its pacing ([`pause_after`]).
 pub(crate) struct Ticked {
     /// The workers whose desired set changed.
@@ -479,7 +474,7 @@ pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> 
                 // Never between two tasks of one job: a gang's members commit together.
                 let job_ends = rest
                     .first()
-                    .is_none_or(|next| job_of(&next.task) != job_of(&a.task));
+                    .is_none_or(|next| job_of_task(&next.task) != job_of_task(&a.task));
                 if job_ends && began.elapsed() >= shared && ctl.writer_wanted() {
                     break;
                 }

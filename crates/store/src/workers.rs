@@ -266,8 +266,10 @@ pub struct DesiredRow {
 
 /// No join to `jobs`: what a launch needs of its job (its task count among it) comes from the
 /// controller's cached spec, as the rest of the launch does. Every reconcile of every worker
-/// reads these rows (17% of the controller's CPU at C1M shape, half of it re-reading pages a
-/// commit dropped from the reader's cache; BENCHMARKS.md); the job's lookups were a small part.
+/// reads these rows (16–17% of the controller's CPU at C1M shape, half of it `pread`: each
+/// worker's rows lie on pages of their own and are read about once a second, so nearly every
+/// read is a first read, snapshot shared or not; BENCHMARKS.md); the job's lookups were a small
+/// part.
 const OPEN_ATTEMPT_COLS: &str =
     "SELECT a.attempt_uid, a.task_id, t.job_id, a.attempt_id, a.state, t.state, t.current_attempt_id
      FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id";

@@ -118,6 +118,12 @@ impl fmt::Debug for JobName {
     }
 }
 
+/// The job part of a task id (`/u/job/3` → `/u/job`), without parsing or validating it (a
+/// string without a `/` is returned whole): for hot paths over ids the store already validated.
+pub fn job_of_task(task_id: &str) -> &str {
+    task_id.rsplit_once('/').map_or(task_id, |(job, _)| job)
+}
+
 /// A task: `<job>/<index>`.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TaskId {

@@ -13,7 +13,7 @@ pub mod state;
 pub mod transition;
 
 pub use constraint::{availability_key, AttrValue, Constraint, ConstraintOp, AVAILABILITY_PREFIX};
-pub use ids::{AttemptId, IdError, JobName, TaskId};
+pub use ids::{job_of_task, AttemptId, IdError, JobName, TaskId};
 pub use quoted::{quoted, Quoted};
 pub use resources::{Dim, Resources};
 pub use state::{Band, JobState, TaskState};
