@@ -167,15 +167,15 @@ fn desired_set(
         };
         let intent = if r.attempt_state.is_terminal() {
             Intent::Stop(stop_reason(r.attempt_state))
-        } else if !r.is_current || r.task_state.is_terminal() || r.task_state == TaskState::Pending
-        {
+        } else if !r.current_of_active_task {
             // Superseded or the controller moved on: make sure it stops.
             Intent::Stop(StopReason::Superseded)
         } else if r.attempt_state == TaskState::Assigned {
             if victim_pending {
                 continue; // withheld until the preempted victim has left this worker
             }
-            let Some(spec) = ctl.spec(conn, &r.job_id)? else {
+            let job_id = iris_types::job_of_task(&r.task_id);
+            let Some(spec) = ctl.spec(conn, job_id)? else {
                 continue;
             };
             let req = &spec.request;
@@ -197,7 +197,7 @@ fn desired_set(
                     priority: spec.band.code(),
                     container_profile: req.container_profile.unwrap_or_default(),
                     egress_policy: req.egress_policy.unwrap_or_default(),
-                    task_token: ctl.task_token(&r.job_id, &spec.user),
+                    task_token: ctl.task_token(job_id, &spec.user),
                 })),
             }
         } else {

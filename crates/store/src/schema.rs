@@ -483,4 +483,20 @@ BEGIN
 END;
 "#,
     ),
+    (
+        "0012_desired_set_from_indexes",
+        r#"
+-- Every reconcile of every worker reads its open attempts and whether their tasks still want
+-- them (`workers::open_attempts`). Both answers now come from small partial indexes alone: a
+-- worker's open attempts lie together in one, keyed by worker with the columns the read needs
+-- (finished_at_ms too, always NULL here, so that SQLite knows the index covers the read), and
+-- only active tasks (ASSIGNED 9, BUILDING 2, RUNNING 3) are in the other. Before, each attempt
+-- cost a read of its attempt's and its task's table pages, scattered over the whole DB.
+DROP INDEX idx_attempts_open;
+CREATE INDEX idx_attempts_open
+    ON task_attempts(worker_id, created_at_ms, attempt_uid, task_id, attempt_id, state, finished_at_ms)
+    WHERE finished_at_ms IS NULL;
+CREATE INDEX idx_tasks_active ON tasks(task_id, state, current_attempt_id) WHERE state IN (2, 3, 9);
+"#,
+    ),
 ];

@@ -257,30 +257,38 @@ pub fn list(c: &impl Read) -> Result<Vec<Listed>> {
 pub struct DesiredRow {
     pub attempt_uid: String,
     pub task_id: String,
-    pub job_id: String,
     pub attempt_id: i64,
     pub attempt_state: TaskState,
-    pub task_state: TaskState,
-    pub is_current: bool,
+    /// The attempt is its task's current one and the task is active (ASSIGNED, BUILDING or
+    /// RUNNING). When not, the controller has moved the task on (pending again, ended, or on a
+    /// newer attempt) and the attempt must stop.
+    pub current_of_active_task: bool,
 }
 
-/// No join to `jobs`: what a launch needs of its job (its task count among it) comes from the
-/// controller's cached spec, as the rest of the launch does. Every reconcile of every worker
-/// reads these rows (16–17% of the controller's CPU at C1M shape, half of it `pread`: each
-/// worker's rows lie on pages of their own and are read about once a second, so nearly every
-/// read is a first read, snapshot shared or not; BENCHMARKS.md); the job's lookups were a small
-/// part.
+/// Every reconcile of every worker reads these rows: with thousands of workers, thousands of
+/// reads a second, each after another connection's commit has dropped the reader's page cache.
+/// So both lookups are answered from small partial indexes alone (migration 0012): the open
+/// attempts of a worker lie together in `idx_attempts_open` (keyed by worker), and only active
+/// tasks are in `idx_tasks_active`, so an attempt whose task is not there is one to stop. Before,
+/// each row cost a read of its attempt's and its task's table pages, scattered over the whole DB
+/// (23% of the controller's CPU at C1M shape, half of it `pread`; BENCHMARKS.md). The job comes
+/// from the task id, and what a launch needs of it from the controller's cached spec.
 const OPEN_ATTEMPT_COLS: &str =
-    "SELECT a.attempt_uid, a.task_id, t.job_id, a.attempt_id, a.state, t.state, t.current_attempt_id
-     FROM task_attempts a JOIN tasks t ON t.task_id = a.task_id";
+    "SELECT a.attempt_uid, a.task_id, a.attempt_id, a.state, t.current_attempt_id
+     FROM task_attempts a INDEXED BY {attempts}
+     LEFT JOIN tasks t INDEXED BY idx_tasks_active ON t.task_id = a.task_id AND t.state IN (2, 3, 9)";
 
 static OPEN_ON_WORKER: LazyLock<String> = LazyLock::new(|| {
-    format!("{OPEN_ATTEMPT_COLS} WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL ORDER BY a.created_at_ms")
+    format!(
+        "{} WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL ORDER BY a.created_at_ms",
+        OPEN_ATTEMPT_COLS.replace("{attempts}", "idx_attempts_open")
+    )
 });
 static OPEN_ON_BACKEND: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{OPEN_ATTEMPT_COLS} WHERE a.backend_id = ?1 AND a.worker_id IS NULL AND a.finished_at_ms IS NULL
-         ORDER BY a.created_at_ms"
+        "{} WHERE a.backend_id = ?1 AND a.worker_id IS NULL AND a.finished_at_ms IS NULL
+         ORDER BY a.created_at_ms",
+        OPEN_ATTEMPT_COLS.replace("{attempts}", "idx_attempts_open_backend")
     )
 });
 
@@ -297,16 +305,14 @@ pub fn open_backend_attempts(c: &impl Read, backend_id: &str) -> Result<Vec<Desi
 fn open_rows(c: &impl Read, sql: &str, holder: &str) -> Result<Vec<DesiredRow>> {
     let mut st = c.raw().prepare_cached(sql)?;
     let rows = st.query_map([holder], |r| {
-        let attempt_id: i64 = r.get(3)?;
-        let current: i64 = r.get(6)?;
+        let attempt_id: i64 = r.get(2)?;
+        let current: Option<i64> = r.get(4)?;
         Ok(DesiredRow {
             attempt_uid: r.get(0)?,
             task_id: r.get(1)?,
-            job_id: r.get(2)?,
             attempt_id,
-            attempt_state: TaskState::from_code(r.get(4)?).unwrap_or(TaskState::Unspecified),
-            task_state: TaskState::from_code(r.get(5)?).unwrap_or(TaskState::Unspecified),
-            is_current: attempt_id == current,
+            attempt_state: TaskState::from_code(r.get(3)?).unwrap_or(TaskState::Unspecified),
+            current_of_active_task: current == Some(attempt_id),
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -322,6 +328,36 @@ mod tests {
             worker_id: id.into(),
             address: "127.0.0.1:1".into(),
             ..Default::default()
+        }
+    }
+
+    /// The desired set's read is answered from the two partial indexes alone (no table page of
+    /// an attempt or a task is read), which is what makes it cheap at thousands of reads a second.
+    #[test]
+    fn a_desired_set_is_read_from_covering_indexes_only() {
+        let db = Db::open_in_memory().expect("db");
+        for sql in [&*OPEN_ON_WORKER, &*OPEN_ON_BACKEND] {
+            let mut st = db
+                .raw()
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .expect("plan");
+            let plan: Vec<String> = st
+                .query_map([""], |r| r.get(3))
+                .expect("plan rows")
+                .collect::<rusqlite::Result<_>>()
+                .expect("plan rows");
+            let plan = plan.join("\n");
+            assert!(
+                plan.contains("COVERING INDEX idx_tasks_active"),
+                "tasks from the active index alone:\n{plan}"
+            );
+            if sql == &*OPEN_ON_WORKER {
+                assert!(
+                    plan.contains("COVERING INDEX idx_attempts_open"),
+                    "a worker's attempts from the open index alone:\n{plan}"
+                );
+                assert!(!plan.contains("TEMP B-TREE"), "no sort:\n{plan}");
+            }
         }
     }
 

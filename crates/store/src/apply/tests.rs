@@ -1788,3 +1788,49 @@ fn a_status_message_is_kept_replaced_and_cleared_when_the_task_runs() {
     );
     assert_eq!(seen(TaskState::Running, "", T0 + 6), None);
 }
+
+/// The desired set's read decides "run" from the partial index of active tasks: its SQL list of
+/// states must be exactly `TaskState::is_active`, and only the task's current attempt runs.
+#[test]
+fn a_worker_s_desired_set_runs_only_the_current_attempt_of_an_active_task() {
+    let mut db = db();
+    let tx = db.begin().expect("tx");
+    insert(&tx, &job("/alice/d", 2));
+    worker(&tx, "w1");
+    assert!(assign(&tx, "/alice/d/0", "w1", "a0", T0 + 1));
+    assert!(assign(&tx, "/alice/d/1", "w1", "a1", T0 + 2));
+    let runs = |tx: &Tx<'_>| -> Vec<(String, bool)> {
+        workers::open_attempts(tx, "w1")
+            .expect("open attempts")
+            .into_iter()
+            .map(|r| (r.attempt_uid, r.current_of_active_task))
+            .collect()
+    };
+    assert_eq!(
+        runs(&tx),
+        vec![("a0".to_string(), true), ("a1".to_string(), true)],
+        "both assigned attempts run, oldest first"
+    );
+    for &state in TaskState::ALL {
+        tx.raw()
+            .execute(
+                "UPDATE tasks SET state = ?1 WHERE task_id = '/alice/d/0'",
+                [state.code()],
+            )
+            .expect("set state");
+        assert_eq!(
+            runs(&tx)[0],
+            ("a0".to_string(), state.is_active()),
+            "a task {state} runs its attempt only if active"
+        );
+    }
+    // A newer attempt of the task: the open older one stops.
+    tx.raw()
+        .execute(
+            "UPDATE tasks SET state = 9, current_attempt_id = current_attempt_id + 1 WHERE task_id = '/alice/d/1'",
+            [],
+        )
+        .expect("supersede");
+    assert_eq!(runs(&tx)[1], ("a1".to_string(), false));
+    tx.commit().expect("commit");
+}
