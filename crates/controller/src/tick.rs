@@ -142,6 +142,20 @@ pub(crate) fn new_uid() -> String {
     hex::encode(b)
 }
 
+/// A new attempt's uid: 20 hex digits, the low 40 bits of the Unix time in milliseconds, then 40
+/// random bits. Attempts are looked up by uid on every observation and every uid is indexed
+/// (UNIQUE), so uids that grow with time are inserted at the index's end and the ones in use lie
+/// on its last pages; random ones dirtied a page of the index for nearly every placement (each
+/// tick's commit wrote the whole index out again at C1M shape). 40 random bits keep two uids
+/// minted in the same millisecond apart (a clash fails that tick's write, which the next tick
+/// redoes with new uids). The time wraps every ~35 years, which only costs locality once.
+pub(crate) fn new_attempt_uid(now_ms: i64) -> String {
+    let mut b = [0u8; 5];
+    rand::thread_rng().fill_bytes(&mut b);
+    let time = (now_ms as u64) & ((1 << 40) - 1);
+    format!("{time:010x}{}", hex::encode(b))
+}
+
 /// What the scheduler sees besides the pending tasks, read in one transaction: workers
 /// (unconfirmed ones unhealthy), the tasks of the holdings given (all of them, or only those
 /// that changed since the cluster last heard), each user's spend and budget limits.
@@ -464,7 +478,7 @@ pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> 
                     &tx,
                     &a.task,
                     holder,
-                    &new_uid(),
+                    &new_attempt_uid(now),
                     band.code(),
                     now,
                     &mut rollups,

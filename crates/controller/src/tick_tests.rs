@@ -32,7 +32,7 @@ async fn tick_places_what_fits_and_leaves_the_rest_pending_with_a_reason() {
         assert_eq!(row.state, TaskState::Assigned.code(), "{t}");
         assert_eq!(row.worker_id.as_deref(), Some("w1"), "{t}");
         assert_eq!(row.attempts.len(), 1, "{t}");
-        assert_eq!(row.attempts[0].attempt_uid.len(), 16, "{t}");
+        assert_eq!(row.attempts[0].attempt_uid.len(), 20, "{t}");
     }
     // 2 of 4 cores are taken: the 4-core task waits, and says why.
     assert_eq!(task_state(&ctl, "/alice/big/0"), TaskState::Pending);
@@ -405,4 +405,16 @@ async fn a_tick_hands_the_writer_to_a_waiting_thread_between_jobs_never_inside_o
     }
     assert!(!ticked.touched.is_empty());
     assert!(ticked.overhead <= ticked.took);
+}
+
+#[test]
+fn attempt_uids_grow_with_time_and_differ_within_a_millisecond() {
+    let earlier = crate::tick::new_attempt_uid(1_796_000_000_000);
+    let later = crate::tick::new_attempt_uid(1_796_000_000_001);
+    assert!(earlier < later, "{earlier} sorts before {later}");
+    assert!(earlier.len() == 20 && earlier.bytes().all(|b| b.is_ascii_hexdigit()));
+    let same: std::collections::HashSet<String> = (0..1_000)
+        .map(|_| crate::tick::new_attempt_uid(1_796_000_000_000))
+        .collect();
+    assert_eq!(same.len(), 1_000, "uids minted in one millisecond differ");
 }
