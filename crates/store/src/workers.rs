@@ -276,7 +276,8 @@ pub struct DesiredRow {
 const OPEN_ATTEMPT_COLS: &str =
     "SELECT a.attempt_uid, a.task_id, a.attempt_id, a.state, t.current_attempt_id
      FROM task_attempts a INDEXED BY {attempts}
-     LEFT JOIN tasks t INDEXED BY idx_tasks_active ON t.task_id = a.task_id AND t.state IN (2, 3, 9)";
+     LEFT JOIN tasks t INDEXED BY idx_tasks_active
+       ON t.task_id = a.task_id AND (t.state IN (2, 3) OR t.state = 9)";
 
 static OPEN_ON_WORKER: LazyLock<String> = LazyLock::new(|| {
     format!(
