@@ -166,7 +166,8 @@ pub enum Device {
 /// One attempt the controller wants on this backend, from committed state.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DesiredAttempt {
-    /// The attempt's unique id (16 hex digits); fences every report.
+    /// The attempt's unique id (20 hex digits, the time first; 16 random ones before); fences
+    /// every report.
     pub attempt_uid: String,
     /// The task it is an attempt of.
     pub task_id: TaskId,

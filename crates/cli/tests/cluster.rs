@@ -18,8 +18,9 @@ fn touch(p: &std::path::Path) {
     std::fs::write(p, "go").expect("write the trigger file");
 }
 
-fn is_hex16(s: &str) -> bool {
-    s.len() == 16
+/// An attempt uid as the tick mints it: 20 lower-case hex digits.
+fn is_attempt_uid(s: &str) -> bool {
+    s.len() == 20
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
@@ -214,7 +215,10 @@ fn b04_max_retries_gives_exactly_two_failed_attempts() {
     for (n, att) in a.iter().enumerate() {
         assert_eq!(att["attempt_id"], n as i64);
         assert_eq!(att["state"], 5, "attempt {n} FAILED");
-        assert!(is_hex16(att["attempt_uid"].as_str().unwrap_or("")), "{att}");
+        assert!(
+            is_attempt_uid(att["attempt_uid"].as_str().unwrap_or("")),
+            "{att}"
+        );
     }
     assert_ne!(a[0]["attempt_uid"], a[1]["attempt_uid"]);
 
@@ -629,7 +633,7 @@ fn b09_task_environment() {
         assert_eq!(env, json!({"FOO": "bar", "ZED": "a b"}));
         // The uid the task saw is the attempt's uid as `task describe` shows it.
         let uid = get("UID");
-        assert!(is_hex16(&uid), "{uid}");
+        assert!(is_attempt_uid(&uid), "{uid}");
         let d = c.iris(&["task", "describe", &task]);
         let row = d
             .ok()

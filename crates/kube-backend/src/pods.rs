@@ -136,11 +136,16 @@ pub(crate) fn phase(p: &Pod) -> &str {
         .unwrap_or("Pending")
 }
 
-/// The attempt uid a pod was made for (the pod name ends with it).
+/// The attempt uid a pod was made for (the pod name ends with it): 20 hex digits, or 16 for a
+/// pod made before attempt uids began with the time.
 pub(crate) fn attempt_uid_of(p: &Pod) -> Option<String> {
-    let name = p.metadata.name.as_deref()?;
+    uid_in_pod_name(p.metadata.name.as_deref()?)
+}
+
+fn uid_in_pod_name(name: &str) -> Option<String> {
     let last = name.rsplit('-').next()?;
-    (last.len() == 16 && last.chars().all(|c| c.is_ascii_hexdigit())).then(|| last.to_string())
+    (matches!(last.len(), 16 | 20) && last.chars().all(|c| c.is_ascii_hexdigit()))
+        .then(|| last.to_string())
 }
 
 /// The pure manifest's input from a run request.
@@ -237,5 +242,21 @@ pub(crate) fn pod_input(req: &job::RunTaskRequest, controller_url: &str) -> km::
         bundle_id: req.bundle_id.clone(),
         workdir_files: entrypoint.workdir_files.into_iter().collect(),
         workdir_file_refs: entrypoint.workdir_file_refs.into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uid_in_pod_name;
+    use iris_kube_model::manifest::pod_name;
+
+    #[test]
+    fn a_pod_name_gives_back_the_attempt_uid_it_was_made_for() {
+        for uid in ["0195f3a2c4e19d2b7a10", "0123456789abcdef"] {
+            let name = pod_name("/alice/train/0", 3, uid);
+            assert_eq!(uid_in_pod_name(&name).as_deref(), Some(uid), "{name}");
+        }
+        // Without a uid the name ends with the attempt number, which is no uid.
+        assert_eq!(uid_in_pod_name(&pod_name("/alice/train/0", 3, "")), None);
     }
 }

@@ -332,8 +332,9 @@ mod tests {
         }
     }
 
-    /// The desired set's read is answered from the two partial indexes alone (no table page of
-    /// an attempt or a task is read), which is what makes it cheap at thousands of reads a second.
+    /// A worker's desired set is read from the two partial indexes alone (no table page of an
+    /// attempt or a task is read), which is what makes it cheap at thousands of reads a second;
+    /// an in-process backend's reads its attempts' rows, but its tasks from the active index too.
     #[test]
     fn a_desired_set_is_read_from_covering_indexes_only() {
         let db = Db::open_in_memory().expect("db");

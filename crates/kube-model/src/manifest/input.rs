@@ -37,7 +37,8 @@ pub struct PodInput {
     pub task_id: String,
     /// Attempt number.
     pub attempt_id: u32,
-    /// The attempt's 16-hex uid; empty leaves it out of the pod name.
+    /// The attempt's uid (20 hex digits; 16 from earlier releases); empty leaves it out of the
+    /// pod name.
     pub attempt_uid: String,
     /// Job wire id, e.g. `/alice/train`.
     pub job_id: String,
