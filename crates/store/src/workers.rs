@@ -273,23 +273,23 @@ pub struct DesiredRow {
 /// each row cost a read of its attempt's and its task's table pages, scattered over the whole DB
 /// (23% of the controller's CPU at C1M shape, half of it `pread`; BENCHMARKS.md). The job comes
 /// from the task id, and what a launch needs of it from the controller's cached spec.
-const OPEN_ATTEMPT_COLS: &str =
-    "SELECT a.attempt_uid, a.task_id, a.attempt_id, a.state, t.current_attempt_id
-     FROM task_attempts a INDEXED BY {attempts}
-     LEFT JOIN tasks t INDEXED BY idx_tasks_active
-       ON t.task_id = a.task_id AND (t.state IN (2, 3) OR t.state = 9)";
-
-static OPEN_ON_WORKER: LazyLock<String> = LazyLock::new(|| {
+fn open_attempts_sql(attempts_index: &str, filter: &str) -> String {
     format!(
-        "{} WHERE a.worker_id = ?1 AND a.finished_at_ms IS NULL ORDER BY a.created_at_ms",
-        OPEN_ATTEMPT_COLS.replace("{attempts}", "idx_attempts_open")
+        "SELECT a.attempt_uid, a.task_id, a.attempt_id, a.state, t.current_attempt_id
+         FROM task_attempts a INDEXED BY {attempts_index}
+         LEFT JOIN tasks t INDEXED BY idx_tasks_active
+           ON t.task_id = a.task_id AND ({})
+         WHERE {filter} AND a.finished_at_ms IS NULL ORDER BY a.created_at_ms",
+        crate::sets::tasks_matching("t.state", TaskState::is_active)
     )
-});
+}
+
+static OPEN_ON_WORKER: LazyLock<String> =
+    LazyLock::new(|| open_attempts_sql("idx_attempts_open", "a.worker_id = ?1"));
 static OPEN_ON_BACKEND: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{} WHERE a.backend_id = ?1 AND a.worker_id IS NULL AND a.finished_at_ms IS NULL
-         ORDER BY a.created_at_ms",
-        OPEN_ATTEMPT_COLS.replace("{attempts}", "idx_attempts_open_backend")
+    open_attempts_sql(
+        "idx_attempts_open_backend",
+        "a.backend_id = ?1 AND a.worker_id IS NULL",
     )
 });
 

@@ -251,12 +251,13 @@ static UNFINISHED_CHILDREN: LazyLock<String> = LazyLock::new(|| {
 
 /// The job's last task (by index) that is not terminal: tasks are placed in index order, so
 /// while a job runs its last one is usually unfinished and this reads one index entry and one
-/// row (backwards over the `(job_id, task_index)` index).
+/// row (backwards over the `(job_id, task_index)` index). Read for every job a success touches,
+/// so its states are compared without a temporary B-tree (`sets::tasks_matching`).
 static LAST_UNFINISHED_TASK: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT task_index FROM tasks WHERE job_id = ?1 AND state NOT IN {}
+        "SELECT task_index FROM tasks WHERE job_id = ?1 AND ({})
          ORDER BY task_index DESC LIMIT 1",
-        *TASK_TERMINAL
+        crate::sets::tasks_matching("state", |s| !s.is_terminal())
     )
 });
 

@@ -1827,8 +1827,8 @@ fn a_worker_s_desired_set_runs_only_the_current_attempt_of_an_active_task() {
     // A newer attempt of the task: the open older one stops.
     tx.raw()
         .execute(
-            "UPDATE tasks SET state = 9, current_attempt_id = current_attempt_id + 1 WHERE task_id = '/alice/d/1'",
-            [],
+            "UPDATE tasks SET state = ?1, current_attempt_id = current_attempt_id + 1 WHERE task_id = '/alice/d/1'",
+            [TaskState::Assigned.code()],
         )
         .expect("supersede");
     assert_eq!(runs(&tx)[1], ("a1".to_string(), false));
