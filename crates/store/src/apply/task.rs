@@ -165,14 +165,16 @@ pub(crate) const SAVE_TASK_STATE: &str = "UPDATE OR FAIL tasks SET state = ?2,
         finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END
      WHERE rowid = ?1";
 
-/// An attempt's new state (`OR FAIL`: see "No statement journal" in `apply`).
-pub(crate) const SAVE_ATTEMPT_STATE: &str = "UPDATE OR FAIL task_attempts SET state = ?3,
-        started_at_ms = CASE WHEN ?4 AND started_at_ms IS NULL THEN ?6 ELSE started_at_ms END,
-        finished_at_ms = CASE WHEN ?5 AND finished_at_ms IS NULL THEN ?6 ELSE finished_at_ms END,
-        error = COALESCE(?7, error),
-        exit_code = COALESCE(?8, exit_code),
-        terminal_reason = CASE WHEN ?9 THEN ?10 ELSE terminal_reason END
-     WHERE rowid = COALESCE(?11, (SELECT rowid FROM task_attempts WHERE task_id = ?1 AND attempt_id = ?2))";
+/// An attempt's new state, by the rowid its task's load read (`OR FAIL`: see "No statement
+/// journal" in `apply`). A task loaded without a current attempt row has none to update, as
+/// `(task_id, current_attempt_id)` would find none either.
+pub(crate) const SAVE_ATTEMPT_STATE: &str = "UPDATE OR FAIL task_attempts SET state = ?2,
+        started_at_ms = CASE WHEN ?3 AND started_at_ms IS NULL THEN ?5 ELSE started_at_ms END,
+        finished_at_ms = CASE WHEN ?4 AND finished_at_ms IS NULL THEN ?5 ELSE finished_at_ms END,
+        error = COALESCE(?6, error),
+        exit_code = COALESCE(?7, exit_code),
+        terminal_reason = CASE WHEN ?8 THEN ?9 ELSE terminal_reason END
+     WHERE rowid = ?1";
 
 /// Applies one event to a task (no job recomputation); returns the step, or `None` if rejected.
 pub(crate) fn apply_raw(
@@ -229,8 +231,7 @@ fn apply_loaded(
         let att_terminal = att_state.is_terminal();
         let stamp_finish = att_terminal && (finish == Finish::Now || row.worker_id.is_none());
         tx.prepare_cached(SAVE_ATTEMPT_STATE)?.execute(params![
-            task_id,
-            row.attempt_id,
+            row.attempt_rowid,
             att_state.code(),
             step.mark_started,
             stamp_finish,
@@ -239,7 +240,6 @@ fn apply_loaded(
             exit_code,
             att_terminal,
             step.reason,
-            row.attempt_rowid,
         ])?;
     }
     // An endpoint belongs to its task's live attempt: when that attempt (or the task) ends, its
