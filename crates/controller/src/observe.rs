@@ -78,7 +78,7 @@ pub(crate) struct TxBudget {
 /// page it dirtied to the WAL) and rolled the same jobs up again and again, and the answers
 /// queued for ~12 s (BENCHMARKS.md). So a transaction runs long while nobody else waits, and
 /// hands the connection over after `shared` when someone does.
-const TX_BUDGET: TxBudget = TxBudget {
+pub(crate) const TX_BUDGET: TxBudget = TxBudget {
     shared: std::time::Duration::from_millis(25),
     alone: std::time::Duration::from_millis(250),
 };

@@ -274,10 +274,6 @@ pub(crate) fn pause_after(overhead: Duration) -> Duration {
     (overhead * 3).clamp(Duration::from_millis(2), Duration::from_secs(3))
 }
 
-/// How long one of the tick's write transactions runs before it hands the writer connection to
-/// a thread that waits for it (the observation writer's `shared` budget).
-const TICK_TX_SHARED: Duration = Duration::from_millis(25);
-
 /// What one tick did, for its pacing ([`pause_after`]).
 pub(crate) struct Ticked {
     /// The workers whose desired set changed.
@@ -296,7 +292,9 @@ pub(crate) fn tick(ctl: &Controller) -> Result<BTreeSet<String>> {
 
 /// One control tick, with what its pacing needs.
 pub(crate) fn paced_tick(ctl: &Controller) -> Result<Ticked> {
-    tick_within(ctl, TICK_TX_SHARED)
+    // Its write transactions hand the writer to a thread that waits for it after the
+    // observation writer's `shared` budget.
+    tick_within(ctl, crate::observe::TX_BUDGET.shared)
 }
 
 /// [`paced_tick`], its write transactions handing the writer over after `shared`.
