@@ -119,6 +119,15 @@ pub(crate) async fn until_interrupted<T>(
     }
 }
 
+/// The `q` quantile (0..=1) of `sorted` (the sample at `q` of the way from first to last), in
+/// milliseconds; 0 for no samples.
+pub(crate) fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return 0.0;
+    };
+    sorted[((last as f64) * q) as usize].as_secs_f64() * 1e3
+}
+
 pub(crate) fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     let mut b = [0u8; 6];
     rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
@@ -159,7 +168,7 @@ async fn submit(url: &str, a: SubmitArgs) -> anyhow::Result<i32> {
     }
     let secs = start.elapsed().as_secs_f64();
     all.sort();
-    let p = |q: f64| all[((all.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1000.0;
+    let p = |q: f64| quantile_ms(&all, q);
     println!(
         "submit: {} jobs from {} clients in {:.2}s = {:.0} jobs/s accepted",
         all.len(),

@@ -118,14 +118,6 @@ async fn counter(http: &reqwest::Client, url: &str, name: &str) -> anyhow::Resul
     Ok(samples(http, url, name).await?.iter().map(|(_, v)| v).sum())
 }
 
-/// The `q` quantile (0..=1) of `sorted`, in milliseconds.
-fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
-    let Some(last) = sorted.len().checked_sub(1) else {
-        return 0.0;
-    };
-    sorted[((last as f64) * q).round() as usize].as_secs_f64() * 1e3
-}
-
 async fn healthy_workers(cl: &iris_rpc::Client) -> anyhow::Result<usize> {
     let r: c::ListWorkersResponse = cl
         .call(
@@ -323,9 +315,9 @@ pub async fn run(a: C1mArgs) -> anyhow::Result<i32> {
         );
         println!(
             "LaunchJob latency while the cluster ran: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-            quantile_ms(&launch, 0.5),
-            quantile_ms(&launch, 0.99),
-            quantile_ms(&launch, 1.0)
+            crate::bench::quantile_ms(&launch, 0.5),
+            crate::bench::quantile_ms(&launch, 0.99),
+            crate::bench::quantile_ms(&launch, 1.0)
         );
         // Since the controller started (registration included).
         let held: Vec<String> = held
