@@ -213,6 +213,42 @@ fn desired_set(
     Ok(out)
 }
 
+/// A reconcile loop's way to its worker: a connection of its own over plain HTTP
+/// ([`iris_rpc::Channel`]: no pool or retry layers per round), else the shared client (TLS).
+enum Link {
+    Own(iris_rpc::Channel),
+    Shared(iris_rpc::Client),
+}
+
+impl Link {
+    fn new(url: &str) -> Option<Link> {
+        match iris_rpc::Channel::new(url) {
+            Some(c) => Some(Link::Own(c)),
+            None => iris_rpc::Client::new(url).ok().map(Link::Shared),
+        }
+    }
+
+    fn base(&self) -> &str {
+        match self {
+            Link::Own(c) => c.base(),
+            Link::Shared(c) => c.base(),
+        }
+    }
+
+    /// One round: a `Reconcile` call, which is idempotent (the worker converges on the set).
+    async fn reconcile(
+        &mut self,
+        req: &w::ReconcileRequest,
+    ) -> Result<w::ReconcileResponse, iris_rpc::RpcError> {
+        const SERVICE: &str = "iris.cluster.WorkerService";
+        let timeout = Duration::from_secs(10);
+        match self {
+            Link::Own(c) => c.call(SERVICE, "Reconcile", req, timeout).await,
+            Link::Shared(c) => c.call(SERVICE, "Reconcile", req, timeout).await,
+        }
+    }
+}
+
 /// Drops this loop's link, unless a newer registration already replaced it.
 fn forget_link(ctl: &Controller, worker_id: &str, generation: u64) {
     let mut links = lock(&ctl.workers);
@@ -229,8 +265,8 @@ async fn reconcile_loop(
 ) {
     let mut failures = 0u32;
     let mut last_ok = Instant::now();
-    // One client per worker address, kept across rounds (keep-alive, parsed URLs).
-    let mut client: Option<(String, iris_rpc::Client)> = None;
+    // One link per worker address, kept across rounds.
+    let mut client: Option<(String, Link)> = None;
     let mut stored = Stored::default();
     // The worker's address as of one workers' generation: read again only once a worker has
     // been registered or removed since (every reconcile read it: 2% of the controller at C1M
@@ -315,12 +351,12 @@ async fn reconcile_loop(
             format!("http://{addr}")
         };
         if client.as_ref().map(|(u, _)| u != &url).unwrap_or(true) {
-            match iris_rpc::Client::new(&url) {
-                Ok(c) => client = Some((url, c)),
-                Err(_) => continue,
+            match Link::new(&url) {
+                Some(c) => client = Some((url, c)),
+                None => continue,
             }
         }
-        let Some((_, client)) = client.as_ref() else {
+        let Some((_, client)) = client.as_mut() else {
             continue;
         };
         let req = w::ReconcileRequest {
@@ -330,14 +366,7 @@ async fn reconcile_loop(
                 .map(crate::backend::desired_to_wire)
                 .collect(),
         };
-        let res: Result<w::ReconcileResponse, _> = client
-            .call(
-                "iris.cluster.WorkerService",
-                "Reconcile",
-                &req,
-                Duration::from_secs(10),
-            )
-            .await;
+        let res = client.reconcile(&req).await;
         match res {
             Ok(resp) => {
                 failures = 0;

@@ -4,9 +4,12 @@
 //! protobuf or JSON body, errors as a JSON object) and no maintained Rust crate serves it over
 //! axum with prost messages and the compressions the published client sends (zstd, gzip).
 
+mod channel;
 pub mod dirlock;
 pub mod procinfo;
 pub mod proclog;
+
+pub use channel::Channel;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -404,76 +407,77 @@ impl Client {
                 format!("cannot reach {}: {}", self.base, root_cause(&e)),
             )
         })?;
-        let status = resp.status();
-        let enc = resp
-            .headers()
-            .get("content-encoding")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("identity")
-            .to_string();
-        let is_json = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .map(|c| c.starts_with("application/json"))
-            .unwrap_or(false);
+        let (status, headers) = (resp.status(), resp.headers().clone());
         let bytes = resp.bytes().await.map_err(|e| {
             RpcError::new(
                 Code::Unavailable,
                 format!("reading response from {url}: {e}"),
             )
         })?;
-        let bytes = decompress(&enc, &bytes)?;
-        if status.is_success() {
-            return Resp::decode(bytes.as_slice())
-                .map_err(|e| RpcError::internal(format!("invalid response from {url}: {e}")));
-        }
-        // Connect's mapping for an HTTP status without a Connect error body.
-        let by_status = match status.as_u16() {
-            400 => Code::Internal,
-            401 => Code::Unauthenticated,
-            403 => Code::PermissionDenied,
-            404 => Code::Unimplemented,
-            429 | 502..=504 => Code::Unavailable,
-            _ => Code::Unknown,
-        };
-        let json = if is_json {
-            serde_json::from_slice::<serde_json::Value>(&bytes).ok()
-        } else {
-            None
-        };
-        if let Some(v) = json.as_ref().filter(|v| v.get("code").is_some()) {
-            let code = v
-                .get("code")
-                .and_then(|c| c.as_str())
-                .map(Code::parse)
-                .unwrap_or(by_status);
-            let message = v
-                .get("message")
-                .and_then(|c| c.as_str())
-                .unwrap_or("")
-                .to_string();
-            return Err(RpcError { code, message });
-        }
-        // Not a Connect error (a proxy's or a web framework's page): say what came back.
-        let said = json
-            .as_ref()
-            .and_then(|v| {
-                ["error", "detail", "message"]
-                    .iter()
-                    .find_map(|k| v.get(*k).and_then(|m| m.as_str()).map(str::to_string))
-            })
-            .unwrap_or_else(|| {
-                let text = String::from_utf8_lossy(&bytes);
-                text.trim().chars().take(200).collect()
-            });
-        let message = if said.is_empty() {
-            format!("HTTP {status} from {url}")
-        } else {
-            format!("HTTP {status} from {url}: {said}")
-        };
-        Err(RpcError::new(by_status, message))
+        answer(url.as_str(), status, &headers, &bytes)
     }
+}
+
+/// A unary call's answer as Connect defines it: the decoded message on success, else the error
+/// the body names (a Connect error object), or one made from the HTTP status and what came back.
+fn answer<Resp: prost::Message + Default>(
+    url: &str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Resp, RpcError> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let bytes = decompress(header("content-encoding").unwrap_or("identity"), body)?;
+    let is_json = header("content-type").is_some_and(|c| c.starts_with("application/json"));
+    if status.is_success() {
+        return Resp::decode(bytes.as_slice())
+            .map_err(|e| RpcError::internal(format!("invalid response from {url}: {e}")));
+    }
+    // Connect's mapping for an HTTP status without a Connect error body.
+    let by_status = match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502..=504 => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    let json = if is_json {
+        serde_json::from_slice::<serde_json::Value>(&bytes).ok()
+    } else {
+        None
+    };
+    if let Some(v) = json.as_ref().filter(|v| v.get("code").is_some()) {
+        let code = v
+            .get("code")
+            .and_then(|c| c.as_str())
+            .map(Code::parse)
+            .unwrap_or(by_status);
+        let message = v
+            .get("message")
+            .and_then(|c| c.as_str())
+            .unwrap_or("")
+            .to_string();
+        return Err(RpcError { code, message });
+    }
+    // Not a Connect error (a proxy's or a web framework's page): say what came back.
+    let said = json
+        .as_ref()
+        .and_then(|v| {
+            ["error", "detail", "message"]
+                .iter()
+                .find_map(|k| v.get(*k).and_then(|m| m.as_str()).map(str::to_string))
+        })
+        .unwrap_or_else(|| {
+            let text = String::from_utf8_lossy(&bytes);
+            text.trim().chars().take(200).collect()
+        });
+    let message = if said.is_empty() {
+        format!("HTTP {status} from {url}")
+    } else {
+        format!("HTTP {status} from {url}: {said}")
+    };
+    Err(RpcError::new(by_status, message))
 }
 
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
@@ -511,12 +515,21 @@ mod tests {
         url
     }
 
+    /// The error a call to `url` gets, through [`Client`] and through [`Channel`] alike.
     async fn call(url: &str) -> RpcError {
-        Client::new(url)
+        let timeout = Duration::from_secs(10);
+        let e = Client::new(url)
             .expect("client")
-            .call::<(), ()>("s.S", "M", &(), Duration::from_secs(10))
+            .call::<(), ()>("s.S", "M", &(), timeout)
             .await
-            .expect_err("an error answer")
+            .expect_err("an error answer");
+        let mut ch = Channel::new(url).expect("an http URL");
+        let by_channel = ch
+            .call::<(), ()>("s.S", "M", &(), timeout)
+            .await
+            .expect_err("an error answer");
+        assert_eq!((e.code, &e.message), (by_channel.code, &by_channel.message));
+        e
     }
 
     #[tokio::test]
