@@ -15,7 +15,8 @@ use std::time::Duration;
 const ENDPOINT_SWEEP: Duration = Duration::from_secs(60);
 
 pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut last_overhead = Duration::ZERO;
+    // The last tick's reading and planning, and its writing (`pause_after`).
+    let mut last = (Duration::ZERO, Duration::ZERO);
     let mut last_sweep = std::time::Instant::now();
     loop {
         tokio::select! {
@@ -24,7 +25,7 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
             _ = shutdown.wait_for(|v| *v) => return,
         }
         // Coalesce bursts of wakes (e.g. a storm of submits) into one tick; see `pause_after`.
-        tokio::time::sleep(pause_after(last_overhead)).await;
+        tokio::time::sleep(pause_after(last.0, last.1)).await;
         let c = ctl.clone();
         let started = std::time::Instant::now();
         let sweep = last_sweep.elapsed() >= ENDPOINT_SWEEP;
@@ -47,9 +48,12 @@ pub(crate) async fn run(ctl: Arc<Controller>, mut shutdown: tokio::sync::watch::
         let cost = started.elapsed();
         ctl.metrics.tick_done(cost);
         // A tick that failed or panicked is paced by its whole cost.
-        last_overhead = match &res {
-            Ok(Ok(t)) => t.overhead + cost.saturating_sub(t.took),
-            _ => cost,
+        last = match &res {
+            Ok(Ok(t)) => (
+                t.overhead_cpu + cost.saturating_sub(t.took),
+                t.took.saturating_sub(t.overhead),
+            ),
+            _ => (cost, Duration::ZERO),
         };
         let res = res.map(|r| r.map(|t| t.touched));
         match res {
@@ -263,15 +267,23 @@ pub(crate) fn read_snapshot(ctl: &Controller, tx: &impl Read, generation: u64) -
     })
 }
 
-/// The pause before the next tick, after one that spent `overhead` reading the state and
-/// planning: three times that (so those passes, which grow with the queue and the cluster, take
-/// at most about a quarter of a core however large both are), at least 2 ms (bursts of wakes,
-/// e.g. a storm of submits, coalesce into one tick) and at most 3 s. The time a tick spent
-/// writing what it placed does not count: that work is proportional to the placements, each of
-/// which has to be written once whenever it is made, and pausing for it only delays the next
-/// ones (with it counted, a C1M-shape cluster placed ~5,000 tasks/s; BENCHMARKS.md).
-pub(crate) fn pause_after(overhead: Duration) -> Duration {
-    (overhead * 3).clamp(Duration::from_millis(2), Duration::from_secs(3))
+/// The pause before the next tick, after one that spent `overhead` of CPU reading the state and
+/// planning and `writing` writing what it placed: long enough that reading and planning take at
+/// most a quarter of the cycle, tick and pause together (so those passes, which grow with the
+/// queue and the cluster, take at most about a quarter of a core however large both are); at
+/// least 2 ms (bursts of wakes, e.g. a storm of submits, coalesce into one tick) and at most 3 s.
+///
+/// Writing is not paced for itself: each placement has to be written once whenever it is made,
+/// so a pause for it only delays the next ones (with it paced as overhead, a C1M-shape cluster
+/// placed ~5,000 tasks/s). But it is part of the cycle. And the overhead is the tick thread's CPU
+/// time, not its wall time, which on a busy host counts the time it waited for a CPU. At C1M
+/// shape a job's tasks are placed at most four per tick and a worker's four
+/// (`iris_scheduler::Policy`), so the ticks' rate bounds the cluster's: three times the wall
+/// time on top of the writing held each tick back ~0.7 s there (BENCHMARKS.md).
+pub(crate) fn pause_after(overhead: Duration, writing: Duration) -> Duration {
+    (overhead * 3)
+        .saturating_sub(writing)
+        .clamp(Duration::from_millis(2), Duration::from_secs(3))
 }
 
 /// What one tick did, for its pacing ([`pause_after`]).
@@ -280,6 +292,8 @@ pub(crate) struct Ticked {
     pub touched: BTreeSet<String>,
     /// Time spent reading and planning, or the whole tick when it placed nothing.
     pub overhead: Duration,
+    /// The CPU time of `overhead` (its wall time where the thread's CPU clock is not available).
+    pub overhead_cpu: Duration,
     /// The whole tick.
     pub took: Duration,
 }
@@ -302,6 +316,7 @@ pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> 
     let now = iris_store::now_ms();
     // Phase times for the debug line at the end (`IRIS_LOG=iris_controller::tick=debug`).
     let started = std::time::Instant::now();
+    let cpu_started = thread_cpu();
     let mut touched = BTreeSet::new();
     let snap = lock(&ctl.snap);
     let generation = iris_store::workers::generation();
@@ -373,11 +388,11 @@ pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> 
         wtx.commit()?;
         // Those tasks changed state after the snapshot: plan again right after the pause.
         ctl.wake.notify_one();
-        return Ok(Ticked::whole(touched, started));
+        return Ok(Ticked::whole(touched, started, cpu_started));
     }
     if tasks.is_empty() {
         *lock(&ctl.pending_reasons) = Default::default();
-        return Ok(Ticked::whole(touched, started));
+        return Ok(Ticked::whole(touched, started, cpu_started));
     }
     // Plan without holding the DB: submissions and reconciles proceed meanwhile. Every decision
     // is re-validated by `transition` when applied below.
@@ -391,7 +406,7 @@ pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> 
                 drop(poisoned);
                 kept.holdings.untold();
                 ctl.wake.notify_one();
-                return Ok(Ticked::whole(touched, started));
+                return Ok(Ticked::whole(touched, started, cpu_started));
             }
         };
         match &unsynced {
@@ -420,6 +435,7 @@ pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> 
     kept.holdings.told();
     drop(kept);
     let planned = started.elapsed();
+    let planned_cpu = cpu_since(cpu_started, planned);
     let (mut waited_for_writer, mut rolled_up, mut committed) = Default::default();
     ctl.metrics
         .planned(plan.assignments.len(), plan.preemptions.len());
@@ -537,17 +553,39 @@ pub(crate) fn tick_within(ctl: &Controller, shared: Duration) -> Result<Ticked> 
     Ok(Ticked {
         touched,
         overhead: planned,
+        overhead_cpu: planned_cpu,
         took: started.elapsed(),
     })
 }
 
+/// The calling thread's CPU time so far (`None` where its clock cannot be read).
+fn thread_cpu() -> Option<Duration> {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .ok()
+        .map(Duration::from)
+}
+
+/// The calling thread's CPU time since `start` ([`thread_cpu`]), or `wall` without its clock.
+fn cpu_since(start: Option<Duration>, wall: Duration) -> Duration {
+    match (start, thread_cpu()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => wall,
+    }
+}
+
 impl Ticked {
     /// A tick that stopped before applying a plan: all of it was overhead.
-    fn whole(touched: BTreeSet<String>, started: std::time::Instant) -> Self {
+    fn whole(
+        touched: BTreeSet<String>,
+        started: std::time::Instant,
+        cpu_started: Option<Duration>,
+    ) -> Self {
         let took = started.elapsed();
         Ticked {
             touched,
             overhead: took,
+            overhead_cpu: cpu_since(cpu_started, took),
             took,
         }
     }

@@ -344,12 +344,16 @@ async fn the_clusters_running_set_follows_the_changed_holdings_alone() {
 fn the_pause_after_a_tick_follows_its_reading_and_planning_within_bounds() {
     use super::pause_after;
     use std::time::Duration;
-    assert_eq!(pause_after(Duration::ZERO), Duration::from_millis(2));
+    let ms = Duration::from_millis;
+    assert_eq!(pause_after(Duration::ZERO, Duration::ZERO), ms(2));
+    // Reading and planning take at most a quarter of the cycle, writing included.
+    assert_eq!(pause_after(ms(40), Duration::ZERO), ms(120));
+    assert_eq!(pause_after(ms(40), ms(100)), ms(20));
+    assert_eq!(pause_after(ms(40), ms(900)), ms(2));
     assert_eq!(
-        pause_after(Duration::from_millis(40)),
-        Duration::from_millis(120)
+        pause_after(Duration::from_secs(2), ms(500)),
+        Duration::from_secs(3)
     );
-    assert_eq!(pause_after(Duration::from_secs(2)), Duration::from_secs(3));
 }
 
 /// Times the tick took the writer connection (`iris_writer_turns_total{by="tick"}`).
@@ -417,4 +421,28 @@ fn attempt_uids_grow_with_time_and_differ_within_a_millisecond() {
         .map(|_| crate::tick::new_attempt_uid(1_796_000_000_000))
         .collect();
     assert_eq!(same.len(), 1_000, "uids minted in one millisecond differ");
+}
+
+#[test]
+fn the_tick_is_paced_by_its_cpu_time_which_a_wait_does_not_add_to() {
+    use super::{cpu_since, thread_cpu};
+    use std::time::{Duration, Instant};
+    let start = thread_cpu();
+    assert!(start.is_some(), "Linux has a per-thread CPU clock");
+    let wall = Instant::now();
+    std::thread::sleep(Duration::from_millis(200));
+    let slept = wall.elapsed();
+    assert!(
+        cpu_since(start, slept) < slept,
+        "a thread that waited used less CPU than the time it waited"
+    );
+    // Work adds to it (the loop ends once it has: no timing in the assertion).
+    let start = thread_cpu();
+    let mut spins = 0u64;
+    while cpu_since(start, Duration::ZERO) < Duration::from_millis(20) {
+        spins = std::hint::black_box(spins + 1);
+    }
+    assert!(spins > 0);
+    // Without the clock, the wall time stands in.
+    assert_eq!(cpu_since(None, slept), slept);
 }
