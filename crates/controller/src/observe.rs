@@ -14,6 +14,8 @@ use tokio::sync::{mpsc, oneshot};
 pub(crate) struct Report {
     worker_id: String,
     observed: Vec<Observation>,
+    /// Whether to write the worker's heartbeat with them.
+    beat: bool,
     /// Whether any observation changed state; `None` if the answer could not be stored.
     reply: oneshot::Sender<Option<bool>>,
     /// When it was queued (for `iris_observation_queue_seconds`).
@@ -22,6 +24,10 @@ pub(crate) struct Report {
 
 pub(crate) type Sender = mpsc::UnboundedSender<Report>;
 
+/// One worker's answer as the writer applies it: the worker, its observations, and whether to
+/// write its heartbeat too.
+pub(crate) type Answer<'a> = (&'a str, &'a [Observation], bool);
+
 /// Commits one batch of reports (up to 512, `crate::spawn_batcher`; in transactions of about
 /// [`TX_BUDGET`]) and tells each sender.
 pub(crate) fn write_batch(ctl: &Controller, batch: Vec<Report>) {
@@ -29,9 +35,9 @@ pub(crate) fn write_batch(ctl: &Controller, batch: Vec<Report>) {
     for r in &batch {
         ctl.metrics.observation_queued(taken.duration_since(r.sent));
     }
-    let reports: Vec<(&str, &[Observation])> = batch
+    let reports: Vec<Answer<'_>> = batch
         .iter()
-        .map(|r| (r.worker_id.as_str(), r.observed.as_slice()))
+        .map(|r| (r.worker_id.as_str(), r.observed.as_slice(), r.beat))
         .collect();
     let changed = apply_reports(ctl, &reports);
     drop(reports);
@@ -42,17 +48,19 @@ pub(crate) fn write_batch(ctl: &Controller, batch: Vec<Report>) {
 }
 
 impl Controller {
-    /// Commits a worker's observations and heartbeat through the writer: whether any
-    /// observation changed state, or `None` if they could not be stored (logged).
+    /// Commits a worker's observations, and its heartbeat when `beat`, through the writer:
+    /// whether any observation changed state, or `None` if they could not be stored (logged).
     pub(crate) async fn observe(
         &self,
         worker_id: &str,
         observed: Vec<Observation>,
+        beat: bool,
     ) -> Option<bool> {
         let (reply, answer) = oneshot::channel();
         let report = Report {
             worker_id: worker_id.to_string(),
             observed,
+            beat,
             reply,
             sent: std::time::Instant::now(),
         };
@@ -87,17 +95,14 @@ pub(crate) const TX_BUDGET: TxBudget = TxBudget {
 /// [`TX_BUDGET`] each, handing the writer connection fairly to whoever waits in between;
 /// returns, per report, whether it changed state (`None`: not stored). If a transaction fails,
 /// its first report is applied alone, so that one bad report cannot hold back the others.
-pub(crate) fn apply_reports(
-    ctl: &Controller,
-    reports: &[(&str, &[Observation])],
-) -> Vec<Option<bool>> {
+pub(crate) fn apply_reports(ctl: &Controller, reports: &[Answer<'_>]) -> Vec<Option<bool>> {
     apply_reports_within(ctl, reports, TX_BUDGET)
 }
 
 /// [`apply_reports`] with transactions of `budget` each.
 pub(crate) fn apply_reports_within(
     ctl: &Controller,
-    reports: &[(&str, &[Observation])],
+    reports: &[Answer<'_>],
     budget: TxBudget,
 ) -> Vec<Option<bool>> {
     let mut out = Vec::with_capacity(reports.len());
@@ -138,7 +143,7 @@ pub(crate) fn apply_reports_within(
 /// has taken (at least one): per report applied, whether it changed state.
 fn in_one_tx(
     conn: &mut iris_store::Db,
-    reports: &[(&str, &[Observation])],
+    reports: &[Answer<'_>],
     now: i64,
     done: impl Fn(std::time::Duration) -> bool,
 ) -> iris_store::Result<Vec<bool>> {
@@ -147,8 +152,15 @@ fn in_one_tx(
     let mut out = Vec::with_capacity(reports.len());
     // Each job the transaction touched is rolled up once, after all of its reports.
     let mut rollups = apply::JobRollups::default();
-    for (worker_id, observed) in reports {
-        out.push(apply_one(&tx, worker_id, observed, now, &mut rollups)?);
+    for &(worker_id, observed, beat) in reports {
+        out.push(apply_one(
+            &tx,
+            worker_id,
+            observed,
+            beat,
+            now,
+            &mut rollups,
+        )?);
         if done(started.elapsed()) {
             break;
         }
@@ -162,6 +174,7 @@ fn apply_one(
     tx: &iris_store::Tx<'_>,
     worker_id: &str,
     observed: &[Observation],
+    beat: bool,
     now: i64,
     rollups: &mut apply::JobRollups,
 ) -> iris_store::Result<bool> {
@@ -169,6 +182,8 @@ fn apply_one(
     for obs in observed {
         changed |= apply::apply_observation_deferred(tx, worker_id, obs, now, rollups)?;
     }
-    iris_store::workers::heartbeat(tx, worker_id, now)?;
+    if beat {
+        iris_store::workers::heartbeat(tx, worker_id, now)?;
+    }
     Ok(changed)
 }

@@ -425,6 +425,7 @@ async fn backend_round(
                 .observe(
                     id,
                     observed.map(crate::backend::store_observation).collect(),
+                    false, // a backend has no worker row to beat
                 )
                 .await
                 .unwrap_or(false);
@@ -450,14 +451,18 @@ pub(crate) fn idle_interval(base: Duration, fleet: usize, max_per_second: u32) -
     base.max(spread)
 }
 
-/// How often a worker's heartbeat is written when its answers change nothing.
+/// How often a worker's heartbeat is written: at most this often, with its changed observations
+/// or alone. Written with every answer that changed something, it was a row update, and a page
+/// of the `workers` table in each observation transaction's WAL frames, per answer (~6,600 a
+/// second at C1M shape) for a time that `ListWorkers` shows and nothing decides on: a lost worker
+/// is noticed by its reconcile loop (`worker_grace`), in memory.
 const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 
 /// What one reconcile loop has stored of its worker's answers. A worker repeats every live
 /// attempt's observation each round; one already stored changes nothing when applied again
 /// (observations are fenced by attempt uid and worker, and the controller's own moves never
-/// wait for a repeat), so only new or changed ones go to the writer, with the heartbeat, or the
-/// heartbeat alone every [`HEARTBEAT_EVERY`].
+/// wait for a repeat), so only new or changed ones go to the writer, with the heartbeat when it
+/// is due ([`HEARTBEAT_EVERY`]), or the heartbeat alone when it is due.
 #[derive(Default)]
 struct Stored {
     observed: std::collections::HashMap<String, apply::Observation>,
@@ -485,9 +490,11 @@ impl Stored {
         if fresh.is_empty() && !beat_due {
             return false;
         }
-        match ctl.observe(worker_id, fresh.clone()).await {
+        match ctl.observe(worker_id, fresh.clone(), beat_due).await {
             Some(changed) => {
-                self.beat = Some(Instant::now());
+                if beat_due {
+                    self.beat = Some(Instant::now());
+                }
                 for o in fresh {
                     self.observed.insert(o.attempt_uid.clone(), o);
                 }
@@ -586,7 +593,7 @@ fn apply_backend_extras(
 #[cfg(test)]
 fn apply_response(ctl: &Controller, worker_id: &str, resp: w::ReconcileResponse) -> bool {
     let observed = response_observations(ctl, worker_id, resp);
-    crate::observe::apply_reports(ctl, &[(worker_id, &observed)])[0].unwrap_or(false)
+    crate::observe::apply_reports(ctl, &[(worker_id, &observed, true)])[0].unwrap_or(false)
 }
 
 /// A worker's reconcile answer as store observations; its host and usage samples are noted on

@@ -483,7 +483,7 @@ async fn the_observation_writer_applies_many_workers_answers_each_to_its_own_att
         let (from, obs) = running_answer(&ctl, t, i % 4 == 0, ["w00", "w01"]);
         let c = ctl.ctl.clone();
         calls.push(tokio::spawn(async move {
-            (i, c.observe(&from, vec![obs]).await == Some(true))
+            (i, c.observe(&from, vec![obs], true).await == Some(true))
         }));
     }
     for call in calls {
@@ -513,9 +513,9 @@ async fn a_batch_split_into_one_transaction_per_answer_gives_each_its_own_verdic
         let (from, obs) = running_answer(&ctl, t, i % 3 == 0, ["w00", "w01"]);
         answers.push((from, vec![obs]));
     }
-    let reports: Vec<(&str, &[apply::Observation])> = answers
+    let reports: Vec<crate::observe::Answer<'_>> = answers
         .iter()
-        .map(|(w, o)| (w.as_str(), o.as_slice()))
+        .map(|(w, o)| (w.as_str(), o.as_slice(), true))
         .collect();
     let verdicts = crate::observe::apply_reports_within(
         &ctl,
@@ -553,9 +553,9 @@ async fn answers_share_one_transaction_until_another_thread_waits_for_the_writer
             (from, vec![obs])
         })
         .collect();
-    let reports: Vec<(&str, &[apply::Observation])> = answers
+    let reports: Vec<crate::observe::Answer<'_>> = answers
         .iter()
-        .map(|(w, o)| (w.as_str(), o.as_slice()))
+        .map(|(w, o)| (w.as_str(), o.as_slice(), true))
         .collect();
     let budget = crate::observe::TxBudget {
         shared: std::time::Duration::ZERO,
@@ -581,4 +581,49 @@ async fn answers_share_one_transaction_until_another_thread_waits_for_the_writer
     for t in &tasks {
         assert_eq!(task_state(&ctl, t), TaskState::Running, "{t}");
     }
+}
+
+/// A worker's heartbeat in the store (`last_heartbeat_ms`).
+fn heartbeat_of(ctl: &crate::Controller, worker: &str) -> Option<i64> {
+    let conn = ctl.db();
+    workers::list(&*conn)
+        .expect("workers")
+        .into_iter()
+        .find(|w| w.worker_id == worker)
+        .and_then(|w| w.last_heartbeat_ms)
+}
+
+/// Answers that change something are stored at once; the heartbeat goes with them only when it
+/// is due (every `HEARTBEAT_EVERY`), not with each of them.
+#[tokio::test]
+async fn a_workers_changed_answers_are_stored_at_once_and_its_heartbeat_only_when_due() {
+    let ctl = controller();
+    let tasks = one_placed_task_each(&ctl, 1, "beat").await;
+    let t = &tasks[0];
+    let (worker, running) = running_answer(&ctl, t, false, ["w00", "w01"]);
+    let mut stored = Stored::default();
+    // The first answer: the state and the heartbeat.
+    let before = heartbeat_of(&ctl, &worker);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(stored.report(&ctl, &worker, vec![running.clone()]).await);
+    assert_eq!(task_state(&ctl, t), TaskState::Running);
+    let beat = heartbeat_of(&ctl, &worker);
+    assert!(beat > before, "{beat:?} after {before:?}");
+    // A repeat changes nothing and writes nothing.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(!stored.report(&ctl, &worker, vec![running.clone()]).await);
+    // A change is stored at once, without a heartbeat that is not yet due.
+    let done = apply::Observation {
+        state: TaskState::Succeeded,
+        exit_code: Some(0),
+        ..running
+    };
+    assert!(stored.report(&ctl, &worker, vec![done]).await);
+    assert_eq!(task_state(&ctl, t), TaskState::Succeeded);
+    assert_eq!(heartbeat_of(&ctl, &worker), beat);
+    // Once due, it goes (alone here: the answer repeats what is stored).
+    stored.beat = stored.beat.and_then(|b| b.checked_sub(HEARTBEAT_EVERY));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    stored.report(&ctl, &worker, vec![]).await;
+    assert!(heartbeat_of(&ctl, &worker) > beat);
 }
