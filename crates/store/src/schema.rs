@@ -503,4 +503,14 @@ CREATE INDEX idx_tasks_active ON tasks(task_id, state, current_attempt_id)
     WHERE state IN (2, 3) OR state = 9;
 "#,
     ),
+    (
+        "0013_worker_history_by_creation",
+        r#"
+-- A worker's task history (`GetWorkerStatus.recent_attempts`, newest first) is ordered by when
+-- each attempt was created, not by its start else its creation (0007): that key moved the
+-- attempt's entry when it started, an index delete and insert in every RUNNING report.
+DROP INDEX idx_attempts_worker_recent;
+CREATE INDEX idx_attempts_worker_recent ON task_attempts(worker_id, created_at_ms);
+"#,
+    ),
 ];

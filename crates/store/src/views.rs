@@ -266,18 +266,18 @@ fn attempt_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<AttemptRow>
     })
 }
 
-/// The attempts that ran (or run) on a worker, newest first (by start, else creation), at most
-/// `limit`, each with its task id: a worker's task history.
+/// The attempts that ran (or run) on a worker, newest first (by creation), at most `limit`, each
+/// with its task id: a worker's task history.
 pub fn worker_attempts(
     c: &impl Read,
     worker_id: &str,
     limit: u32,
 ) -> Result<Vec<(String, AttemptRow)>> {
-    // `idx_attempts_worker_recent` (migration 0007) serves this order: no sort of a long-lived
+    // `idx_attempts_worker_recent` (migration 0013) serves this order: no sort of a long-lived
     // worker's whole history.
     let mut st = c.raw().prepare_cached(&format!(
         "SELECT task_id, {ATTEMPT_COLS} FROM task_attempts WHERE worker_id = ?1
-         ORDER BY COALESCE(started_at_ms, created_at_ms) DESC LIMIT ?2"
+         ORDER BY created_at_ms DESC LIMIT ?2"
     ))?;
     let rows = st.query_map(rusqlite::params![worker_id, limit], |r| {
         Ok((r.get(0)?, attempt_row(r, 1)?))

@@ -1036,7 +1036,7 @@ fn a_workers_attempts_come_newest_first_each_with_its_task_and_the_index_serves_
         T0 + 3
     ));
     assert!(assign(&tx, "/alice/hist/0", "w2", "h1", T0 + 4));
-    // Assigned, not started: ordered by when it was created.
+    // Ordered by when each was created, started or not.
     assert!(assign(&tx, "/alice/later/0", "w1", "l0", T0 + 10));
 
     let on_w1 = views::worker_attempts(&tx, "w1", 50).expect("w1 attempts");
@@ -1059,7 +1059,7 @@ fn a_workers_attempts_come_newest_first_each_with_its_task_and_the_index_serves_
         .raw()
         .prepare(
             "EXPLAIN QUERY PLAN SELECT task_id FROM task_attempts WHERE worker_id = 'w1'
-             ORDER BY COALESCE(started_at_ms, created_at_ms) DESC LIMIT 50",
+             ORDER BY created_at_ms DESC LIMIT 50",
         )
         .expect("plan")
         .query_map([], |r| r.get::<_, String>(3))
