@@ -74,7 +74,11 @@ impl Channel {
         let attempt = async {
             let reused = self.sender.as_ref().is_some_and(|s| !s.is_closed());
             match self.exchange(&target, &path, body.clone(), timeout).await {
-                Err(f) if reused && f.unsent => self.exchange(&target, &path, body, timeout).await,
+                Err(f) if reused && f.unsent => {
+                    // On a new connection, even if the old one is not yet seen closed.
+                    self.sender = None;
+                    self.exchange(&target, &path, body, timeout).await
+                }
                 other => other,
             }
         };
