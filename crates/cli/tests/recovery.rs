@@ -1039,6 +1039,27 @@ fn a_db_and_a_checkpoint_from_every_earlier_schema_open_and_migrate() {
             logs.stdout,
             logs.stderr
         );
+        // The old release's events, reached by the task chains migration 0014 built.
+        let events = iris_in(
+            dir.path(),
+            &[],
+            &[
+                "--controller-url",
+                &url,
+                "task",
+                "events",
+                "/fixture/upgrade-fail/0",
+            ],
+        );
+        assert!(
+            ["TaskAssigned", "TaskFailed"]
+                .iter()
+                .all(|r| events.stdout.contains(r)),
+            "{}: {}{}",
+            fixture.display(),
+            events.stdout,
+            events.stderr
+        );
         let run = iris_in(
             dir.path(),
             &[],

@@ -4,7 +4,7 @@
 use crate::{Raw, Result, Tx};
 use rusqlite::{params, Connection, OptionalExtension};
 
-/// Records a task event.
+/// Records a task event, for a caller that writes nothing else to the task's row.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn insert_event(
     tx: &Connection,
@@ -17,12 +17,52 @@ pub(crate) fn insert_event(
     message: &str,
     source: &str,
 ) -> Result<()> {
+    let id = append_event(
+        tx,
+        task_id,
+        attempt_id,
+        attempt_uid,
+        now,
+        [kind, reason, message, source],
+    )?;
+    // `OR FAIL`: see "No statement journal" in `apply`.
+    tx.prepare_cached("UPDATE OR FAIL tasks SET last_event_id = ?2 WHERE task_id = ?1")?
+        .execute(params![task_id, id])?;
+    Ok(())
+}
+
+/// Appends a task event (`kind`, `reason`, `message`, `source`) to its task's chain and returns
+/// its id, which the caller must write to the task's `last_event_id` in the same transaction.
+///
+/// A task's events are a chain, newest first: the task row names its newest event and each
+/// event the one before it (migration 0014). An index of events by task was a B-tree insert at
+/// a scattered place for every event, and most pages a transition's commit wrote (BENCHMARKS.md,
+/// C1M); the chain's writes land on the task row a transition writes anyway and on the events
+/// table's last page.
+pub(crate) fn append_event(
+    tx: &Connection,
+    task_id: &str,
+    attempt_id: Option<i64>,
+    attempt_uid: Option<&str>,
+    now: i64,
+    [kind, reason, message, source]: [&str; 4],
+) -> Result<i64> {
     tx.prepare_cached(
-        "INSERT INTO task_events(task_id, attempt_id, attempt_uid, ts_ms, type, reason, message, source)
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8)",
+        "INSERT INTO task_events(task_id, attempt_id, attempt_uid, ts_ms, type, reason, message, source, prev_id)
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8, (SELECT last_event_id FROM tasks WHERE task_id = ?1))",
     )?
     .execute(params![task_id, attempt_id, attempt_uid, now, kind, reason, message, source])?;
-    Ok(())
+    Ok(tx.last_insert_rowid())
+}
+
+/// The events of the tasks `tasks_sql` selects (a `SELECT last_event_id FROM tasks WHERE ...`
+/// with its own parameters), found by walking each task's chain from its newest event.
+pub(crate) fn chain_cte(tasks_sql: &str) -> String {
+    format!(
+        "WITH RECURSIVE chain(id) AS ({tasks_sql}
+           UNION ALL SELECT e.prev_id FROM task_events e JOIN chain c ON e.id = c.id
+           WHERE e.prev_id IS NOT NULL)"
+    )
 }
 
 /// Records an event a backend observed (`kind`, `reason`, `message`, `source`) against the

@@ -5,6 +5,7 @@
 use crate::{Read, Result};
 use iris_types::{Band, JobState, TaskState};
 use rusqlite::{params, OptionalExtension};
+use std::sync::LazyLock;
 
 /// One row of a task's event history (written by [`the state machine's apply path`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +47,25 @@ pub fn attempt_exists(conn: &impl Read, task_id: &str, attempt_id: i64) -> Resul
         .is_some())
 }
 
+const ONE_TASK_CHAIN: &str = "SELECT last_event_id FROM tasks WHERE task_id = ?1";
+
+static TASK_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} SELECT e.ts_ms, e.attempt_id, e.attempt_uid, e.type, e.reason, e.message, e.source
+         FROM chain c JOIN task_events e ON e.id = c.id
+         WHERE ?2 IS NULL OR e.attempt_id = ?2 ORDER BY e.id DESC LIMIT ?3",
+        crate::events::chain_cte(ONE_TASK_CHAIN)
+    )
+});
+
+static TASK_EVENT_COUNT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} SELECT count(*) FROM chain c JOIN task_events e ON e.id = c.id
+         WHERE ?2 IS NULL OR e.attempt_id = ?2",
+        crate::events::chain_cte(ONE_TASK_CHAIN)
+    )
+});
+
 /// The last `limit` events of `task_id` (only `attempt`'s when given), oldest first.
 pub fn task_events(
     conn: &impl Read,
@@ -54,10 +74,7 @@ pub fn task_events(
     limit: usize,
 ) -> Result<TaskEvents> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let mut st = conn.raw().prepare_cached(
-        "SELECT ts_ms, attempt_id, attempt_uid, type, reason, message, source FROM task_events
-         WHERE task_id = ?1 AND (?2 IS NULL OR attempt_id = ?2) ORDER BY id DESC LIMIT ?3",
-    )?;
+    let mut st = conn.raw().prepare_cached(&TASK_EVENTS)?;
     let rows = st.query_map(params![task_id, attempt, limit], |r| {
         Ok(TaskEvent {
             ts_ms: r.get(0)?,
@@ -76,9 +93,7 @@ pub fn task_events(
     } else {
         let total: i64 = conn
             .raw()
-            .prepare_cached(
-                "SELECT count(*) FROM task_events WHERE task_id = ?1 AND (?2 IS NULL OR attempt_id = ?2)",
-            )?
+            .prepare_cached(&TASK_EVENT_COUNT)?
             .query_row(params![task_id, attempt], |r| r.get(0))?;
         usize::try_from(total)
             .unwrap_or(0)
@@ -306,6 +321,41 @@ mod tests {
         let last = task_events(&conn, "/u/j/0", None, 2).expect("events");
         let reasons: Vec<&str> = last.events.iter().map(|e| e.reason.as_str()).collect();
         assert_eq!((reasons, last.omitted), (vec!["A1", "A1b"], 2));
+    }
+
+    /// Migration 0014: a job's events are found through its tasks' chains, so deleting the job
+    /// (replaced, or pruned) deletes every event of its tree and none of another job's.
+    #[test]
+    fn deleting_a_job_deletes_the_events_of_its_tree_through_the_task_chains() {
+        let mut db = Db::open_in_memory().expect("db");
+        let conn = db.begin().expect("tx");
+        job(&conn, "/u/a", 2, None);
+        job(&conn, "/u/a/c", 1, None);
+        job(&conn, "/u/ab", 1, None);
+        for (i, task) in ["/u/a/0", "/u/a/1", "/u/a/c/0", "/u/ab/0"]
+            .iter()
+            .enumerate()
+        {
+            event(&conn, task, None, 10 * i as i64, "First");
+            event(&conn, task, Some(0), 10 * i as i64 + 1, "Second");
+        }
+        let events_of = |task: &str| -> i64 {
+            conn.raw()
+                .query_row(
+                    "SELECT count(*) FROM task_events WHERE task_id = ?1",
+                    [task],
+                    |r| r.get(0),
+                )
+                .expect("count")
+        };
+        apply::delete_job(&conn, "/u/a").expect("delete");
+        for gone in ["/u/a/0", "/u/a/1", "/u/a/c/0"] {
+            assert_eq!(events_of(gone), 0, "{gone}");
+        }
+        assert_eq!(events_of("/u/ab/0"), 2);
+        let kept = task_events(&conn, "/u/ab/0", None, 100).expect("events");
+        let reasons: Vec<&str> = kept.events.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, ["First", "Second"]);
     }
 
     #[test]

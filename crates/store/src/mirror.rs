@@ -75,6 +75,17 @@ pub fn kill_mirrored(tx: &Tx<'_>, job_id: &str, reason: &str, now: i64) -> Resul
     Ok(())
 }
 
+/// Every event of the tasks of the descendants of a job (`?1`), not of the job's own tasks.
+static DESCENDANT_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{} DELETE FROM task_events WHERE id IN (SELECT id FROM chain)",
+        crate::events::chain_cte(
+            "SELECT last_event_id FROM tasks
+             WHERE job_id >= ?1 || '/' AND job_id < ?1 || '0' AND last_event_id IS NOT NULL"
+        )
+    )
+});
+
 /// The peer no longer has a root it accepted (it restarted from a state older than the
 /// handoff): the mirror is wound back to an undelivered root, so that delivery sends it again.
 /// Mirrored descendants go; the root's tasks are PENDING again without attempts, their status
@@ -106,11 +117,7 @@ pub fn reset_for_redelivery(tx: &Tx<'_>, job_id: &str, note: &str) -> Result<boo
     // attempts follow by cascade.
     raw.prepare_cached("DELETE FROM endpoints WHERE job_id >= ?1 || '/' AND job_id < ?1 || '0'")?
         .execute([job_id])?;
-    raw.prepare_cached(
-        "DELETE FROM task_events WHERE task_id >= ?1 || '/' AND task_id < ?1 || '0'
-           AND task_id NOT IN (SELECT task_id FROM tasks WHERE job_id = ?1)",
-    )?
-    .execute([job_id])?;
+    raw.prepare_cached(&DESCENDANT_EVENTS)?.execute([job_id])?;
     raw.prepare_cached("DELETE FROM jobs WHERE job_id >= ?1 || '/' AND job_id < ?1 || '0'")?
         .execute([job_id])?;
     raw.prepare_cached(

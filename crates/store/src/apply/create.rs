@@ -184,6 +184,18 @@ pub fn delete_job(tx: &Tx<'_>, job_id: &str) -> Result<()> {
     delete_job_raw(&tx.tx, job_id)
 }
 
+/// Every event of the tasks of a job (`?1`) and of its descendants.
+static JOB_TREE_EVENTS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{} DELETE FROM task_events WHERE id IN (SELECT id FROM chain)",
+        crate::events::chain_cte(
+            "SELECT last_event_id FROM tasks
+             WHERE (job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0'))
+               AND last_event_id IS NOT NULL"
+        )
+    )
+});
+
 /// Subtree matches use the range `[job/, job0)` (`'0'` is the byte after `'/'`), a range scan of
 /// the `job_id` index rather than a scan of every row.
 pub(crate) fn delete_job_raw(tx: &rusqlite::Connection, job_id: &str) -> Result<()> {
@@ -191,12 +203,8 @@ pub(crate) fn delete_job_raw(tx: &rusqlite::Connection, job_id: &str) -> Result<
         "DELETE FROM endpoints WHERE job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0')",
         [job_id],
     )?;
-    tx.execute(
-        // Task ids are `<job>/<index>`: every task of the job and of its descendants is in the
-        // range [job/, job0), found on task_events' (task_id, id) index.
-        "DELETE FROM task_events WHERE task_id >= ?1 || '/' AND task_id < ?1 || '0'",
-        [job_id],
-    )?;
+    // Before the tasks go (by cascade, with the jobs): their rows lead to their events.
+    tx.prepare_cached(&JOB_TREE_EVENTS)?.execute([job_id])?;
     tx.execute(
         "DELETE FROM jobs WHERE job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0')",
         [job_id],

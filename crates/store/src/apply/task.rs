@@ -3,7 +3,7 @@
 //! job recomputation follow in the same transaction.
 
 use super::job::recompute_job;
-use crate::events::insert_event;
+use crate::events::append_event;
 use crate::sets::{ATTEMPT_PREEMPTION, TASK_ACTIVE};
 use crate::{Result, Tx};
 use iris_types::{
@@ -162,7 +162,8 @@ fn step_of(task_id: &str, ctx: &TaskCtx, event: &TaskEvent) -> Option<Step> {
 pub(crate) const SAVE_TASK_STATE: &str = "UPDATE OR FAIL tasks SET state = ?2,
         error = COALESCE(?3, error),
         exit_code = COALESCE(?4, exit_code),
-        finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END
+        finished_at_ms = CASE WHEN ?5 THEN ?6 ELSE NULL END,
+        last_event_id = ?7
      WHERE rowid = ?1";
 
 /// An attempt's new state, by the rowid its task's load read (`OR FAIL`: see "No statement
@@ -209,6 +210,32 @@ fn apply_loaded(
     };
     let terminal = step.task.is_terminal();
     super::note_entered(step.task);
+    let msg = match (&step.error, step.attempt) {
+        (Some(e), _) => format!("{} -> {}: {}", ctx.state, step.task, e),
+        (None, _) => format!("{} -> {}", ctx.state, step.task),
+    };
+    let kind = if matches!(
+        step.task,
+        TaskState::Failed
+            | TaskState::WorkerFailed
+            | TaskState::Preempted
+            | TaskState::CoschedFailed
+    ) || step.reason == "TaskRetryScheduled"
+        || step.reason == "Preempted"
+    {
+        "Warning"
+    } else {
+        "Normal"
+    };
+    let attempt_id = (row.attempt_id >= 0).then_some(row.attempt_id);
+    let event_id = append_event(
+        tx,
+        task_id,
+        attempt_id,
+        uid.as_deref(),
+        now,
+        [kind, step.reason, &msg, source],
+    )?;
     // The worker columns are written only when the task goes back to PENDING: `current_worker_id`
     // is a foreign key, and a statement that writes one (even to itself) checks it and runs
     // under a statement journal (−4% of the writer's instructions per task; BENCHMARKS.md).
@@ -219,6 +246,7 @@ fn apply_loaded(
         exit_code,
         terminal,
         now,
+        event_id,
     ])?;
     if step.task == TaskState::Pending {
         tx.prepare_cached(
@@ -247,35 +275,6 @@ fn apply_loaded(
     if terminal || step.attempt.is_some_and(|a| a.is_terminal()) {
         crate::endpoints::drop_for_task(tx, task_id)?;
     }
-    let msg = match (&step.error, step.attempt) {
-        (Some(e), _) => format!("{} -> {}: {}", ctx.state, step.task, e),
-        (None, _) => format!("{} -> {}", ctx.state, step.task),
-    };
-    let kind = if matches!(
-        step.task,
-        TaskState::Failed
-            | TaskState::WorkerFailed
-            | TaskState::Preempted
-            | TaskState::CoschedFailed
-    ) || step.reason == "TaskRetryScheduled"
-        || step.reason == "Preempted"
-    {
-        "Warning"
-    } else {
-        "Normal"
-    };
-    let attempt_id = (row.attempt_id >= 0).then_some(row.attempt_id);
-    insert_event(
-        tx,
-        task_id,
-        attempt_id,
-        uid.as_deref(),
-        now,
-        kind,
-        step.reason,
-        &msg,
-        source,
-    )?;
     let cascade = if ctx.coscheduled { step.cascade } else { None };
     Ok(Some((step, row.job_id, cascade)))
 }
@@ -506,9 +505,18 @@ pub fn assign_deferred(
         uid,
         backend_id
     ])?;
+    let event_id = append_event(
+        tx,
+        task_id,
+        Some(attempt_id),
+        Some(uid),
+        now,
+        ["Normal", step.reason, &message, CONTROLLER],
+    )?;
     tx.prepare_cached(
         "UPDATE tasks SET state = ?7, current_attempt_id = ?2, current_worker_id = ?3, current_worker_address = ?4,
-            started_at_ms = COALESCE(started_at_ms, ?5), priority_band = ?6, status_message = NULL
+            started_at_ms = COALESCE(started_at_ms, ?5), priority_band = ?6, status_message = NULL,
+            last_event_id = ?8
          WHERE rowid = ?1",
     )?
     .execute(params![
@@ -518,20 +526,10 @@ pub fn assign_deferred(
         worker_address,
         now,
         band,
-        step.task.code()
+        step.task.code(),
+        event_id
     ])?;
     super::note_entered(step.task);
-    insert_event(
-        tx,
-        task_id,
-        Some(attempt_id),
-        Some(uid),
-        now,
-        "Normal",
-        step.reason,
-        &message,
-        CONTROLLER,
-    )?;
     rollups.note(row.job_id, step.running_job_move());
     Ok(true)
 }
