@@ -71,6 +71,27 @@ pub fn insert_handle(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
     .execute(params![job_id, direction, peer_id, owner, state, nonce])?;
+    if direction == RECEIVED {
+        ensure_change_log(tx.raw())?;
+    }
+    Ok(())
+}
+
+/// Creates the change log's triggers (`schema::CHANGE_LOG_TRIGGERS`) if this DB holds a job
+/// received from a hub and they are missing (migration 0015): a cluster no hub ever used runs
+/// no trigger on its job, task and attempt updates.
+pub(crate) fn ensure_change_log(conn: &rusqlite::Connection) -> Result<()> {
+    let (received, triggers): (bool, i64) = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM federated_jobs WHERE direction = ?1),
+                (SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name IN (
+                   'federation_log_job_update', 'federation_log_job_delete',
+                   'federation_log_task_update', 'federation_log_attempt_change'))",
+        [RECEIVED],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    if received && triggers < 4 {
+        conn.execute_batch(crate::schema::CHANGE_LOG_TRIGGERS)?;
+    }
     Ok(())
 }
 

@@ -304,7 +304,7 @@ fn migrate(conn: &Connection) -> Result<()> {
         }
         apply_migration(conn, name, sql)?;
     }
-    Ok(())
+    federation::ensure_change_log(conn)
 }
 
 /// One migration and its record, in one transaction.

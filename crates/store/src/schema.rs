@@ -530,4 +530,56 @@ DELETE FROM task_events WHERE task_id NOT IN (SELECT task_id FROM tasks);
 DROP INDEX idx_task_events_task;
 "#,
     ),
+    (
+        "0015_change_log_triggers_only_on_a_peer",
+        r#"
+-- The federation change log's triggers exist only on a cluster that received a job from a hub
+-- (`federation::ensure_change_log`, called when a received job's handle is inserted and when a
+-- DB that has one is opened). On every other cluster each update of a job, task or attempt ran
+-- a trigger program only to find no received job: a frame allocated and zeroed and a lookup of
+-- `federated_jobs`, ~11% of the writer's instructions per task (BENCHMARKS.md, C1M).
+DROP TRIGGER federation_log_job_update;
+DROP TRIGGER federation_log_job_delete;
+DROP TRIGGER federation_log_task_update;
+DROP TRIGGER federation_log_attempt_change;
+"#,
+    ),
 ];
+
+/// The federation change log's triggers, as migration 0011 left them: on a cluster that received
+/// jobs from a hub, every change to a received tree's job, task or attempt rows is logged for the
+/// hub's `FederationSync` (`federation::ensure_change_log` creates them).
+pub(crate) const CHANGE_LOG_TRIGGERS: &str = r#"
+CREATE TRIGGER IF NOT EXISTS federation_log_job_update AFTER UPDATE ON jobs
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT NEW.job_id, f.peer_id, NULL, 0
+    FROM federated_jobs f WHERE f.job_id = NEW.root_job_id AND f.direction = 1;
+END;
+CREATE TRIGGER IF NOT EXISTS federation_log_job_delete BEFORE DELETE ON jobs
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM federated_jobs f WHERE f.job_id = OLD.root_job_id AND f.direction = 1)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT OLD.job_id, f.peer_id, NULL, 1
+    FROM federated_jobs f WHERE f.job_id = OLD.root_job_id AND f.direction = 1;
+END;
+CREATE TRIGGER IF NOT EXISTS federation_log_task_update AFTER UPDATE ON tasks
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM jobs j JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE j.job_id = NEW.job_id)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT NEW.job_id, f.peer_id, NEW.task_index, 0
+    FROM jobs j JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE j.job_id = NEW.job_id;
+END;
+CREATE TRIGGER IF NOT EXISTS federation_log_attempt_change AFTER UPDATE ON task_attempts
+WHEN EXISTS (SELECT 1 FROM federated_jobs WHERE direction = 1)
+ AND EXISTS (SELECT 1 FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE t.task_id = NEW.task_id)
+BEGIN
+    INSERT INTO federation_changelog(job_id, requester_id, task_index, tombstone)
+    SELECT t.job_id, f.peer_id, t.task_index, 0
+    FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE t.task_id = NEW.task_id;
+END;
+"#;

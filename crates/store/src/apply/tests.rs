@@ -1441,6 +1441,73 @@ fn a_received_jobs_new_child_goes_into_its_hubs_change_log() {
     assert!(changed.jobs.iter().all(|(_, tasks)| tasks == &Some(None)));
 }
 
+/// Migration 0015: the change log's triggers exist only where a job was received from a hub, so
+/// a cluster no hub uses runs no trigger on its updates; receiving a job creates them, and a DB
+/// holding a received job gets them back when opened.
+#[test]
+fn the_change_log_triggers_exist_only_once_a_job_was_received() {
+    use crate::federation as sf;
+    fn triggers(tx: &Tx<'_>) -> i64 {
+        tx.raw()
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'federation_log_%'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("triggers")
+    }
+    fn touch(tx: &Tx<'_>, task: &str) {
+        tx.raw()
+            .execute(
+                "UPDATE tasks SET status_message = 'touched' WHERE task_id = ?1",
+                [task],
+            )
+            .expect("update");
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("controller.sqlite3");
+    let mut db = crate::Db::open(&path).expect("open");
+    let tx = db.begin().expect("tx");
+    insert(&tx, &job("/alice/local", 1));
+    insert(&tx, &job("/alice/received", 1));
+    assert_eq!(triggers(&tx), 0, "no job received: no trigger");
+    touch(&tx, "/alice/local/0");
+    let before = sf::changes_since(&tx, "hub", "").expect("log");
+    assert!(before.jobs.is_empty());
+    sf::insert_handle(
+        &tx,
+        "/alice/received",
+        sf::RECEIVED,
+        "hub",
+        "alice",
+        sf::HANDED_OFF,
+        "n",
+    )
+    .expect("handle");
+    assert_eq!(triggers(&tx), 4);
+    touch(&tx, "/alice/received/0");
+    touch(&tx, "/alice/local/0");
+    let logged = sf::changes_since(&tx, "hub", "").expect("log");
+    let ids: Vec<&str> = logged.jobs.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["/alice/received"]);
+    // As an older DB comes out of migration 0015: a received job, and its triggers dropped.
+    tx.raw()
+        .execute_batch(
+            "DROP TRIGGER federation_log_job_update; DROP TRIGGER federation_log_job_delete;
+             DROP TRIGGER federation_log_task_update; DROP TRIGGER federation_log_attempt_change;",
+        )
+        .expect("drop");
+    tx.commit().expect("commit");
+    drop(db);
+    let mut db = crate::Db::open(&path).expect("reopen");
+    let tx = db.begin().expect("tx");
+    assert_eq!(
+        triggers(&tx),
+        4,
+        "reopened with a received job: its triggers are back"
+    );
+}
+
 fn insertion(tx: &Tx<'_>, task: &str) -> i64 {
     tx.raw()
         .query_row(
@@ -1517,6 +1584,11 @@ fn attempt_tells_a_refusal_from_a_failure_after_writing() {
 fn a_transition_writes_no_statement_journal() {
     let mut db = db();
     let tx = db.begin().expect("begin");
+    // With the change log's triggers, as on a cluster that received a job from a hub (migration
+    // 0015): the most triggers these updates ever run under.
+    tx.raw()
+        .execute_batch(crate::schema::CHANGE_LOG_TRIGGERS)
+        .expect("triggers");
     // SQLite's conflict rules, as EXPLAIN shows them in a constraint check's P2.
     const OE_ABORT: i64 = 2;
     for stmt in [
