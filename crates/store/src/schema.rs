@@ -583,3 +583,28 @@ BEGIN
     FROM tasks t JOIN jobs j ON j.job_id = t.job_id JOIN federated_jobs f ON f.job_id = j.root_job_id AND f.direction = 1 WHERE t.task_id = NEW.task_id;
 END;
 "#;
+
+#[cfg(test)]
+mod tests {
+    /// `CHANGE_LOG_TRIGGERS` creates the change log's triggers exactly as migration 0011 defined
+    /// them (0015 dropped them to create them only where needed): the two texts cannot drift.
+    #[test]
+    fn the_change_log_triggers_are_migration_0011s() {
+        let (_, m0011) = super::MIGRATIONS
+            .iter()
+            .find(|(name, _)| name.starts_with("0011_"))
+            .expect("migration 0011");
+        let statements = |sql: &str| -> Vec<String> {
+            sql.split("CREATE TRIGGER ")
+                .skip(1)
+                .map(|s| {
+                    let body = &s[..s.find("END;").expect("END;") + 4];
+                    body.trim_start_matches("IF NOT EXISTS ").to_string()
+                })
+                .collect()
+        };
+        let created = statements(super::CHANGE_LOG_TRIGGERS);
+        assert_eq!(created.len(), 4);
+        assert_eq!(created, statements(m0011));
+    }
+}
