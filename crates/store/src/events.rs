@@ -55,13 +55,23 @@ pub(crate) fn append_event(
     Ok(tx.last_insert_rowid())
 }
 
-/// The events of the tasks `tasks_sql` selects (a `SELECT last_event_id FROM tasks WHERE ...`
-/// with its own parameters), found by walking each task's chain from its newest event.
-pub(crate) fn chain_cte(tasks_sql: &str) -> String {
+/// `chain(id)`: the ids of every event of the tasks `tasks_where` selects (a condition on
+/// `tasks`, with its own parameters), found by walking each task's chain from its newest event.
+pub(crate) fn chain_cte(tasks_where: &str) -> String {
     format!(
-        "WITH RECURSIVE chain(id) AS ({tasks_sql}
+        "WITH RECURSIVE chain(id) AS (
+           SELECT last_event_id FROM tasks WHERE ({tasks_where}) AND last_event_id IS NOT NULL
            UNION ALL SELECT e.prev_id FROM task_events e JOIN chain c ON e.id = c.id
            WHERE e.prev_id IS NOT NULL)"
+    )
+}
+
+/// The statement that deletes every event of the tasks `tasks_where` selects: run it before the
+/// tasks themselves go, as their rows lead to their events.
+pub(crate) fn delete_chains(tasks_where: &str) -> String {
+    format!(
+        "{} DELETE FROM task_events WHERE id IN (SELECT id FROM chain)",
+        chain_cte(tasks_where)
     )
 }
 

@@ -47,22 +47,15 @@ pub fn attempt_exists(conn: &impl Read, task_id: &str, attempt_id: i64) -> Resul
         .is_some())
 }
 
-const ONE_TASK_CHAIN: &str = "SELECT last_event_id FROM tasks WHERE task_id = ?1";
-
+/// A task's newest `?3` events (`?2`'s only, when given), newest first, each with how many
+/// there are in all: the chain is walked once for both.
 static TASK_EVENTS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "{} SELECT e.ts_ms, e.attempt_id, e.attempt_uid, e.type, e.reason, e.message, e.source
+        "{} SELECT e.ts_ms, e.attempt_id, e.attempt_uid, e.type, e.reason, e.message, e.source,
+                count(*) OVER ()
          FROM chain c JOIN task_events e ON e.id = c.id
          WHERE ?2 IS NULL OR e.attempt_id = ?2 ORDER BY e.id DESC LIMIT ?3",
-        crate::events::chain_cte(ONE_TASK_CHAIN)
-    )
-});
-
-static TASK_EVENT_COUNT: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{} SELECT count(*) FROM chain c JOIN task_events e ON e.id = c.id
-         WHERE ?2 IS NULL OR e.attempt_id = ?2",
-        crate::events::chain_cte(ONE_TASK_CHAIN)
+        crate::events::chain_cte("task_id = ?1")
     )
 });
 
@@ -75,30 +68,31 @@ pub fn task_events(
 ) -> Result<TaskEvents> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut st = conn.raw().prepare_cached(&TASK_EVENTS)?;
+    let mut total = 0i64;
     let rows = st.query_map(params![task_id, attempt, limit], |r| {
-        Ok(TaskEvent {
-            ts_ms: r.get(0)?,
-            attempt_id: r.get(1)?,
-            attempt_uid: r.get(2)?,
-            kind: r.get(3)?,
-            reason: r.get(4)?,
-            message: r.get(5)?,
-            source: r.get(6)?,
-        })
+        Ok((
+            TaskEvent {
+                ts_ms: r.get(0)?,
+                attempt_id: r.get(1)?,
+                attempt_uid: r.get(2)?,
+                kind: r.get(3)?,
+                reason: r.get(4)?,
+                message: r.get(5)?,
+                source: r.get(6)?,
+            },
+            r.get::<_, i64>(7)?,
+        ))
     })?;
-    let mut events: Vec<TaskEvent> = rows.collect::<rusqlite::Result<_>>()?;
+    let mut events = Vec::new();
+    for row in rows {
+        let (event, all) = row?;
+        total = all;
+        events.push(event);
+    }
     events.reverse();
-    let omitted = if (events.len() as i64) < limit {
-        0
-    } else {
-        let total: i64 = conn
-            .raw()
-            .prepare_cached(&TASK_EVENT_COUNT)?
-            .query_row(params![task_id, attempt], |r| r.get(0))?;
-        usize::try_from(total)
-            .unwrap_or(0)
-            .saturating_sub(events.len())
-    };
+    let omitted = usize::try_from(total)
+        .unwrap_or(0)
+        .saturating_sub(events.len());
     Ok(TaskEvents { events, omitted })
 }
 

@@ -76,15 +76,8 @@ pub fn kill_mirrored(tx: &Tx<'_>, job_id: &str, reason: &str, now: i64) -> Resul
 }
 
 /// Every event of the tasks of the descendants of a job (`?1`), not of the job's own tasks.
-static DESCENDANT_EVENTS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{} DELETE FROM task_events WHERE id IN (SELECT id FROM chain)",
-        crate::events::chain_cte(
-            "SELECT last_event_id FROM tasks
-             WHERE job_id >= ?1 || '/' AND job_id < ?1 || '0' AND last_event_id IS NOT NULL"
-        )
-    )
-});
+static DESCENDANT_EVENTS: LazyLock<String> =
+    LazyLock::new(|| crate::events::delete_chains("job_id >= ?1 || '/' AND job_id < ?1 || '0'"));
 
 /// The peer no longer has a root it accepted (it restarted from a state older than the
 /// handoff): the mirror is wound back to an undelivered root, so that delivery sends it again.

@@ -186,14 +186,7 @@ pub fn delete_job(tx: &Tx<'_>, job_id: &str) -> Result<()> {
 
 /// Every event of the tasks of a job (`?1`) and of its descendants.
 static JOB_TREE_EVENTS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    format!(
-        "{} DELETE FROM task_events WHERE id IN (SELECT id FROM chain)",
-        crate::events::chain_cte(
-            "SELECT last_event_id FROM tasks
-             WHERE (job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0'))
-               AND last_event_id IS NOT NULL"
-        )
-    )
+    crate::events::delete_chains("job_id = ?1 OR (job_id >= ?1 || '/' AND job_id < ?1 || '0')")
 });
 
 /// Subtree matches use the range `[job/, job0)` (`'0'` is the byte after `'/'`), a range scan of
