@@ -17,6 +17,11 @@ pub(crate) fn insert_event(
     message: &str,
     source: &str,
 ) -> Result<()> {
+    let prev: Option<i64> = tx
+        .prepare_cached("SELECT last_event_id FROM tasks WHERE task_id = ?1")?
+        .query_row([task_id], |r| r.get(0))
+        .optional()?
+        .flatten();
     let id = append_event(
         tx,
         task_id,
@@ -24,6 +29,7 @@ pub(crate) fn insert_event(
         attempt_uid,
         now,
         [kind, reason, message, source],
+        prev,
     )?;
     // `OR FAIL`: see "No statement journal" in `apply`.
     tx.prepare_cached("UPDATE OR FAIL tasks SET last_event_id = ?2 WHERE task_id = ?1")?
@@ -31,8 +37,9 @@ pub(crate) fn insert_event(
     Ok(())
 }
 
-/// Appends a task event (`kind`, `reason`, `message`, `source`) to its task's chain and returns
-/// its id, which the caller must write to the task's `last_event_id` in the same transaction.
+/// Appends a task event (`kind`, `reason`, `message`, `source`) to its task's chain after `prev`,
+/// the task's `last_event_id` as the caller read it, and returns its id, which the caller must
+/// write to the task's `last_event_id` in the same transaction.
 ///
 /// A task's events are a chain, newest first: the task row names its newest event and each
 /// event the one before it (migration 0014). An index of events by task was a B-tree insert at
@@ -46,12 +53,13 @@ pub(crate) fn append_event(
     attempt_uid: Option<&str>,
     now: i64,
     [kind, reason, message, source]: [&str; 4],
+    prev: Option<i64>,
 ) -> Result<i64> {
     tx.prepare_cached(
         "INSERT INTO task_events(task_id, attempt_id, attempt_uid, ts_ms, type, reason, message, source, prev_id)
-         VALUES (?1,?2,?3,?4,?5,?6,?7,?8, (SELECT last_event_id FROM tasks WHERE task_id = ?1))",
+         VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9)",
     )?
-    .execute(params![task_id, attempt_id, attempt_uid, now, kind, reason, message, source])?;
+    .execute(params![task_id, attempt_id, attempt_uid, now, kind, reason, message, source, prev])?;
     Ok(tx.last_insert_rowid())
 }
 

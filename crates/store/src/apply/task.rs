@@ -28,6 +28,8 @@ struct TaskRow {
     /// them instead of descending the text-keyed indexes again (five descents per task at C1M).
     rowid: i64,
     attempt_rowid: Option<i64>,
+    /// The task's newest event, which the next one it gets follows (`events::append_event`).
+    last_event_id: Option<i64>,
 }
 
 /// A task with what its transition needs, in one statement: its row, its job's gang flag and its
@@ -61,7 +63,11 @@ static LOAD_TASK_WITH_RETRY_COUNTS: LazyLock<String> = LazyLock::new(|| {
 /// A [`TaskRow`]'s columns (tasks `t`, job config `c`), in the order [`task_row`] reads them
 /// (all but the attempt's rowid, which each query adds where it joins the attempt).
 const TASK_ROW_COLUMNS: &str = "t.job_id, t.state, t.current_attempt_id, t.max_retries_failure,
-                t.max_retries_preemption, c.has_coscheduling, t.current_worker_id, t.rowid";
+                t.max_retries_preemption, c.has_coscheduling, t.current_worker_id, t.rowid,
+                t.last_event_id";
+
+/// How many columns [`TASK_ROW_COLUMNS`] has.
+const TASK_ROW_WIDTH: usize = 9;
 
 /// The [`TaskRow`] of [`TASK_ROW_COLUMNS`] starting at column `at`, with its current attempt's
 /// rowid read from column `attempt_rowid_at`.
@@ -79,6 +85,7 @@ fn task_row(
         coscheduled: r.get::<_, i64>(at + 5)? != 0,
         worker_id: r.get(at + 6)?,
         rowid: r.get(at + 7)?,
+        last_event_id: r.get(at + 8)?,
         attempt_rowid: r.get(attempt_rowid_at)?,
     })
 }
@@ -99,18 +106,21 @@ fn load_task(tx: &Connection, task_id: &str, event: &TaskEvent) -> Result<Option
     let loaded = tx
         .prepare_cached(sql)?
         .query_row([task_id], |r| {
-            let row = task_row(r, 0, 13)?;
-            let attempt = match r.get::<_, Option<i32>>(8)? {
+            // After the row: the attempt's state, whether it started, its uid, the two retry
+            // counts and its rowid.
+            const AT: usize = TASK_ROW_WIDTH;
+            let row = task_row(r, 0, AT + 5)?;
+            let attempt = match r.get::<_, Option<i32>>(AT)? {
                 Some(state) => Some((
                     AttemptCtx {
                         state: TaskState::from_code(state).unwrap_or(TaskState::Unspecified),
-                        started: r.get(9)?,
+                        started: r.get(AT + 1)?,
                     },
-                    r.get::<_, String>(10)?,
+                    r.get::<_, String>(AT + 2)?,
                 )),
                 None => None,
             };
-            let counts: (i64, i64) = (r.get(11)?, r.get(12)?);
+            let counts: (i64, i64) = (r.get(AT + 3)?, r.get(AT + 4)?);
             Ok((row, attempt, counts))
         })
         .optional()?;
@@ -235,6 +245,7 @@ fn apply_loaded(
         uid.as_deref(),
         now,
         [kind, step.reason, &msg, source],
+        row.last_event_id,
     )?;
     // The worker columns are written only when the task goes back to PENDING: `current_worker_id`
     // is a foreign key, and a statement that writes one (even to itself) checks it and runs
@@ -512,6 +523,7 @@ pub fn assign_deferred(
         Some(uid),
         now,
         ["Normal", step.reason, &message, CONTROLLER],
+        row.last_event_id,
     )?;
     tx.prepare_cached(
         "UPDATE tasks SET state = ?7, current_attempt_id = ?2, current_worker_id = ?3, current_worker_address = ?4,
@@ -623,7 +635,11 @@ pub fn apply_observation_deferred(
                 status_message: r.get(7)?,
                 current: r.get(REPORTED_TASK_AT + 2)?,
                 task: if has_config {
-                    Some(task_row(r, REPORTED_TASK_AT, REPORTED_TASK_AT + 8)?)
+                    Some(task_row(
+                        r,
+                        REPORTED_TASK_AT,
+                        REPORTED_TASK_AT + TASK_ROW_WIDTH,
+                    )?)
                 } else {
                     None
                 },

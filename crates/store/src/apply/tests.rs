@@ -131,6 +131,14 @@ fn a_task_goes_assigned_building_running_succeeded_and_the_job_follows() {
     let t = task(&tx, "/alice/j/0");
     assert_eq!(t.state, TaskState::Building.code());
     assert_eq!(t.attempts[0].started_at_ms, Some(T0 + 2));
+    // A backend's event between two transitions goes on the same chain (`insert_event`).
+    assert!(crate::events::record_attempt_event(
+        &tx,
+        "uid-0",
+        ["Normal", "Pulled", "image pulled", "test"],
+        T0 + 2
+    )
+    .expect("event"));
 
     assert!(report(
         &tx,
@@ -169,6 +177,23 @@ fn a_task_goes_assigned_building_running_succeeded_and_the_job_follows() {
     assert_eq!(t.attempts[0].finished_at_ms, Some(T0 + 5));
     // One of two tasks done: the job still runs.
     assert_eq!(job_state(&tx, "/alice/j"), JobState::Running);
+    // Each step appended its event to the task's chain, after the one the task row named.
+    let reasons: Vec<String> = crate::inspect::task_events(&tx, "/alice/j/0", None, 100)
+        .expect("events")
+        .events
+        .into_iter()
+        .map(|e| e.reason)
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "TaskAssigned",
+            "TaskBuilding",
+            "Pulled",
+            "TaskRunning",
+            "TaskSucceeded"
+        ]
+    );
 
     assert!(assign(&tx, "/alice/j/1", "w1", "uid-1", T0 + 6));
     assert!(report(
